@@ -1,0 +1,129 @@
+"""The front ends: ``spawn`` (mp.spawn's signature), ``launch`` (torchrun style), ``run_script``.
+
+Each validates its arguments, writes what the ranks will run into a fresh run folder, and hands
+an :class:`~distlab.engine.Plan` to the one engine.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from . import capture, config, engine, script
+from .display import make_view
+from .errors import LaunchArgumentError
+from .results import RunResult
+
+
+def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
+          view="text", max_restarts: int = 0) -> RunResult:
+    """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
+
+    ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
+    ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
+    """
+    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts)
+
+
+def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
+           timeout: float | None = None, view="text", max_restarts: int = 0) -> RunResult:
+    """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
+    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
+    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
+
+
+def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
+               view="text", max_restarts: int = 0, nnodes: int = 1, node_rank: int = 0,
+               rdzv_endpoint: str = "") -> RunResult:
+    """Run a file as a terminal user would.
+
+    ``mode="torchrun"``: like ``torchrun --nproc-per-node N path args`` (RANK etc. set per rank).
+    ``mode="python"``: like ``python path args``: one process; the script starts its own ranks.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LaunchArgumentError("path", str(path), "no such file", "Write the script first, or fix the path.")
+    if mode not in ("torchrun", "python"):
+        raise LaunchArgumentError("mode", mode, 'must be "torchrun" or "python"')
+    nproc = config.check_positive_int("nproc_per_node", nproc_per_node)
+    nnodes = config.check_positive_int("nnodes", nnodes)
+    if mode == "python" and (nproc != 1 or nnodes != 1):
+        raise LaunchArgumentError("nproc_per_node", nproc, 'must be 1 with mode="python" (the script starts its own ranks)')
+    if nnodes > 1 and not rdzv_endpoint:
+        raise LaunchArgumentError("rdzv_endpoint", rdzv_endpoint, "is needed when nnodes > 1", 'For example "127.0.0.1:29400".')
+    plan = engine.Plan(
+        run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
+        target_args=[str(a) for a in args], timeout=config.check_timeout(timeout),
+        max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+    )
+    return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
+
+
+def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
+    config.check_function(fn)
+    args = config.check_args(args)
+    nprocs = config.check_positive_int("nprocs", nprocs)
+    timeout = config.check_timeout(timeout)
+    config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
+    captured = capture.capture(fn, args)  # raises CaptureError before any process starts
+    run_dir = engine.new_run_dir(fn.__name__)
+    path = write_script(run_dir, captured, args, nprocs, style, backend)
+    plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
+                       max_restarts=max_restarts, script=path)
+    if join:
+        return engine.execute(plan, make_view(view, nprocs))
+    return PendingRun(plan, make_view(view, nprocs))
+
+
+def write_script(run_dir: Path, captured, args: tuple, nprocs: int, style: str, backend: str) -> Path:
+    """Write ``<fn>.py`` and, for values that are not source, ``values.pt``/``args.pt`` beside it."""
+    import torch
+
+    path = run_dir / f"{captured.entry}.py"
+    path.write_text(script.render(captured, args=args, nprocs=nprocs, style=style, backend=backend,
+                                  filename=path.name))
+    if captured.values:
+        torch.save(captured.values, run_dir / "values.pt")
+    if script.needs_args_file(args):
+        torch.save(args, run_dir / "args.pt")
+    return path
+
+
+class PendingRun:
+    """A launch running in a background thread (``join=False``); ``join()`` returns its result."""
+
+    def __init__(self, plan: engine.Plan, view):
+        self.plan = plan
+        self._outcome: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(view,), daemon=True)
+        self._thread.start()
+
+    def _run(self, view) -> None:
+        try:
+            self._outcome["result"] = engine.execute(self.plan, view)
+        except BaseException as e:  # handed to join()
+            self._outcome["error"] = e
+
+    def join(self, timeout: float | None = None) -> RunResult:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"distlab: run {self.plan.run_dir} still running after {timeout}s")
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["result"]
+
+
+def device(rank: int | None = None):
+    """``cuda:<local rank>`` when every rank can own a GPU (the NCCL case), else ``cpu``."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0")) if rank is None else int(rank)
+    world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", local + 1)))
+    gpus = config.cuda_device_count()
+    return torch.device(f"cuda:{local}") if gpus >= max(world, local + 1) else torch.device("cpu")
+
+
+def backend(world_size: int | None = None) -> str:
+    """The backend ``auto`` picks here: NCCL with one GPU per rank, else gloo."""
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    return config.choose_backend("auto", world, config.cuda_device_count())

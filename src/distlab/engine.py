@@ -1,0 +1,252 @@
+"""One engine under spawn/launch/run_script: torchelastic's agent, run in this process.
+
+``elastic_launch`` (torchrun's engine) starts the ranks, writes per-rank logs and error files,
+stops survivors when a rank fails and restarts on request. distlab adds: a store it hosts on
+127.0.0.1 only (torch's ``TCPStore`` otherwise listens on every interface), live output, a
+timeout with stacks, and clean ends on interrupt.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import watch
+from .errors import INTERRUPTED, WorkerFailedError, WorkerTimeoutError
+from .results import RunResult, collect, read_logs
+
+LOOPBACK_BACKEND = "distlab-loopback"
+_STORES: dict[str, tuple] = {}  # run_id -> (store, port) while that run is live
+
+
+@dataclass
+class Plan:
+    """What to run: ``python -m distlab._start run.json TARGET ARGS`` on ``nproc`` local ranks."""
+
+    run_dir: Path
+    target: Path
+    nproc: int
+    target_args: list[str] = field(default_factory=list)
+    timeout: float | None = None
+    max_restarts: int = 0
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+    script: Path | None = None
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+
+def new_run_dir(name: str) -> Path:
+    """A fresh per-run folder under $DISTLAB_RUNS (default: <tmp>/distlab-runs)."""
+    import tempfile
+
+    root = Path(os.environ.get("DISTLAB_RUNS", Path(tempfile.gettempdir()) / "distlab-runs"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = root / f"{stamp}-{name}-{uuid.uuid4().hex[:6]}"
+    for sub in ("logs", "stacks", "ready", "returns", "metrics"):
+        (path / sub).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
+    """Run the plan to completion; raise a distlab error naming the rank when it fails."""
+    store = _LoopbackStore(plan.run_id) if plan.nnodes == 1 else None
+    run_json = plan.run_dir / "run.json"
+    run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
+                                    "master_port": store.port if store else -1, "run_id": plan.run_id}))
+    watcher = watch.Watcher(plan.run_dir, plan.run_id, plan.world_size, view, plan.timeout)
+    start = time.perf_counter()
+    failure = interrupted = None
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    watcher.start()
+    try:
+        with _quiet_torchelastic():
+            _launch_agent(plan, store, run_json)
+    except KeyboardInterrupt as e:
+        interrupted = e
+    except Exception as e:
+        if _is_interrupt(e):
+            interrupted = e
+        elif type(e).__name__ != "ChildFailedError":
+            raise
+        failure = e
+    finally:
+        _restore_signals(saved)
+        watcher.finish()
+        watch.stop_workers(plan.run_id)
+        if store:
+            store.close()
+    wall = time.perf_counter() - start
+    result = collect(plan.run_dir, plan.script, plan.world_size, wall, returns=collect_returns and not failure)
+    if interrupted is not None:
+        raise KeyboardInterrupt(INTERRUPTED.format(n=plan.world_size, run_dir=plan.run_dir))
+    if watcher.timed_out:
+        raise WorkerTimeoutError(plan.timeout, watcher.stacks, plan.run_dir, result)
+    if failure is not None:
+        raise first_failure_error(failure, plan.run_dir, result)
+    return result
+
+
+def _launch_agent(plan: Plan, store, run_json: Path) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    local = plan.nnodes == 1
+    config = LaunchConfig(
+        min_nodes=plan.nnodes, max_nodes=plan.nnodes, nproc_per_node=plan.nproc,
+        run_id=plan.run_id if local else "distlab",
+        rdzv_backend=LOOPBACK_BACKEND if local else "c10d",
+        rdzv_endpoint="" if local else plan.rdzv_endpoint,
+        rdzv_configs={} if local else {"rank": plan.node_rank},
+        max_restarts=plan.max_restarts, monitor_interval=0.05,
+        logs_specs=_RunLogs(plan.run_dir), signals_to_handle="SIGINT,SIGTERM",
+    )
+    args = ["-u", "-m", "distlab._start", str(run_json), str(plan.target), *plan.target_args]
+    elastic_launch(config, sys.executable)(*args)
+
+
+def first_failure_error(exc, run_dir: Path, result: RunResult) -> WorkerFailedError:
+    """The rank that failed *first* (sub-second timestamps from distlab's error files)."""
+    def when(item):
+        rank, failure = item
+        try:
+            return json.loads(Path(failure.error_file).read_text())["message"]["extraInfo"]["time"]
+        except Exception:
+            return float(failure.timestamp) + 0.999  # no error file: killed, or died in C code
+
+    rank, failure = min(exc.failures.items(), key=when)
+    code = failure.exitcode
+    if isinstance(failure.message, dict):
+        tb = failure.message.get("extraInfo", {}).get("py_callstack") or failure.message.get("message", "")
+    else:
+        tb = ""
+    if not tb:
+        tb = f"rank {rank} wrote no Python traceback: " + (
+            f"it was killed by signal {signal.Signals(-code).name}" if code < 0 else f"it exited with code {code}")
+    last = "\n".join(lines_before_traceback(read_logs(run_dir, rank))[-15:])
+    return WorkerFailedError(rank, code, tb, last, run_dir, result)
+
+
+def lines_before_traceback(log: str) -> list[str]:
+    """A rank's output up to its final traceback (the traceback itself is shown separately)."""
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    return lines[:starts[-1]] if starts else lines
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    return type(exc).__name__ == "SignalException" and getattr(exc, "sigval", None) == signal.SIGINT
+
+
+def _restore_signals(saved: dict) -> None:
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
+class _quiet_torchelastic:
+    """torchelastic logs every start and failure at WARNING; distlab reports those itself."""
+
+    names = ("torch.distributed.elastic", "torch.distributed.launcher")
+
+    def __enter__(self):
+        self.levels = {n: logging.getLogger(n).level for n in self.names}
+        for n in self.names:
+            logging.getLogger(n).setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc):
+        for n, level in self.levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+class _LoopbackStore:
+    """A TCPStore on 127.0.0.1 only: distlab binds the socket and hands torch its fd.
+
+    Holding the bound socket for the whole run means no other launch can take the port
+    (no bind-then-close race), and nothing listens beyond loopback.
+    """
+
+    def __init__(self, run_id: str):
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        self.run_id = run_id
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.store = TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=300), master_listen_fd=self.sock.fileno(),
+                              multi_tenant=False)
+        self.sock.detach()  # the store owns the listening fd now and closes it when released
+        _register_loopback_backend()
+        _STORES[run_id] = (self.store, self.port)
+
+    def close(self) -> None:
+        _STORES.pop(self.run_id, None)
+        del self.store
+
+
+def _register_loopback_backend() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    registry.register(LOOPBACK_BACKEND, _create_loopback_handler)  # idempotent for the same creator
+
+
+def _create_loopback_handler(params):
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    class LoopbackRendezvous(StaticTCPRendezvous):
+        """Static single-node rendezvous over distlab's loopback store (it creates none of its own)."""
+
+        def get_backend(self) -> str:
+            return LOOPBACK_BACKEND
+
+    store, port = _STORES[params.run_id]
+    handler = LoopbackRendezvous("127.0.0.1", port, 0, 1, params.run_id, timeout=300)
+    handler._store = store
+    return handler
+
+
+def _run_logs_class():
+    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+    class RunLogs(LogsSpecs):
+        """Predictable log paths: ``logs/attempt<k>/rank<r>.{out,err,error.json}``."""
+
+        def __init__(self, run_dir: Path):
+            super().__init__(log_dir=str(run_dir / "logs"))
+            self.run_dir = run_dir
+
+        @property
+        def root_log_dir(self) -> str:
+            return str(self.run_dir / "logs")
+
+        def reify(self, envs):
+            attempt = envs[0].get("TORCHELASTIC_RESTART_COUNT", "0") if envs else "0"
+            folder = self.run_dir / "logs" / f"attempt{attempt}"
+            folder.mkdir(parents=True, exist_ok=True)
+            dest = LogsDest()
+            for local, env in envs.items():
+                rank = env.get("RANK", str(local))
+                dest.stdouts[local] = str(folder / f"rank{rank}.out")
+                dest.stderrs[local] = str(folder / f"rank{rank}.err")
+                dest.error_files[local] = env["TORCHELASTIC_ERROR_FILE"] = str(folder / f"rank{rank}.error.json")
+            return dest
+
+    return RunLogs
+
+
+def _RunLogs(run_dir: Path):
+    return _run_logs_class()(run_dir)

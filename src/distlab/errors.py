@@ -1,0 +1,67 @@
+"""Errors distlab raises, with their message templates.
+
+The templates are module constants so tests can check the words a learner reads,
+and so every message says *what* failed, *where* (which rank) and *what to do next*.
+"""
+from __future__ import annotations
+
+ARGUMENT = "distlab: invalid argument {name}={value!r}: {problem}. {hint}"
+CAPTURE = (
+    "distlab: cannot ship {what} to the worker processes: {problem}. {hint}"
+)
+RANK_FAILED = (
+    "distlab: rank {rank} failed first (exit code {exitcode}); the other ranks were stopped.\n"
+    "{traceback}\n"
+    "--- last lines rank {rank} printed ---\n{last_lines}\n"
+    "Run folder (script and every rank's log): {run_dir}"
+)
+TIMED_OUT = (
+    "distlab: the run did not finish within timeout={timeout}s; all ranks were stopped.\n"
+    "Where each rank was when the time ran out:\n{stacks}\n"
+    "A rank waiting in a collective usually means another rank never called it. "
+    "Run folder: {run_dir}"
+)
+INTERRUPTED = "distlab: interrupted; all {n} worker processes were stopped. Run folder: {run_dir}"
+
+
+class DistlabError(Exception):
+    """Base class for every error distlab raises on purpose."""
+
+
+class LaunchArgumentError(DistlabError, ValueError):
+    """An argument is wrong; raised before any process starts."""
+
+    def __init__(self, name: str, value, problem: str, hint: str = ""):
+        self.name = name
+        super().__init__(ARGUMENT.format(name=name, value=value, problem=problem, hint=hint).rstrip())
+
+
+class CaptureError(DistlabError, TypeError):
+    """Notebook code or data that cannot be written as a worker script or data file."""
+
+    def __init__(self, what: str, problem: str, hint: str):
+        self.what = what
+        super().__init__(CAPTURE.format(what=what, problem=problem, hint=hint))
+
+
+class WorkerFailedError(DistlabError, RuntimeError):
+    """A rank raised or died; carries the first failing rank and its remote traceback."""
+
+    def __init__(self, rank: int, exitcode: int, traceback: str, last_lines: str, run_dir, result=None):
+        self.rank, self.exitcode, self.remote_traceback = rank, exitcode, traceback
+        self.result = result
+        super().__init__(
+            RANK_FAILED.format(
+                rank=rank, exitcode=exitcode, traceback=traceback.rstrip(),
+                last_lines=last_lines.rstrip() or "(nothing)", run_dir=run_dir,
+            )
+        )
+
+
+class WorkerTimeoutError(DistlabError, TimeoutError):
+    """The run exceeded its timeout; carries each rank's stack at that moment."""
+
+    def __init__(self, timeout: float, stacks: dict[int, str], run_dir, result=None):
+        self.timeout, self.stacks, self.result = timeout, stacks, result
+        text = "\n".join(f"--- rank {r} ---\n{s.rstrip()}" for r, s in sorted(stacks.items()))
+        super().__init__(TIMED_OUT.format(timeout=timeout, stacks=text or "(no rank had started)", run_dir=run_dir))

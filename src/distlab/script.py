@@ -1,0 +1,37 @@
+"""Render a :class:`~distlab.capture.Captured` as a worker script a person can read and run."""
+from __future__ import annotations
+
+from .capture import Captured, is_literal
+
+HEADER = '''"""Worker script written by distlab for `{entry}` ({nprocs} ranks, {style} style).
+
+Run it yourself, outside the notebook:
+    python {filename}                          # starts {nprocs} ranks with torch.multiprocessing.spawn
+    torchrun --nproc-per-node {nprocs} {filename}
+"""
+'''
+
+
+def render(cap: Captured, *, args: tuple, nprocs: int, style: str, backend: str, filename: str) -> str:
+    """The script text. ``args`` appear inline when they are literals, else load from args.pt."""
+    parts = [HEADER.format(entry=cap.entry, nprocs=nprocs, style=style, filename=filename)]
+    parts.append("import distlab.worker as _distlab  # distlab's worker runtime: main(), load_data()")
+    parts.extend(sorted(cap.imports, key=lambda line: (line.startswith("from"), line)))
+    if cap.constants:
+        parts.append("\n# Constants and aliases from the notebook")
+        parts.extend(cap.constants)
+    for source in cap.definitions:
+        parts.append("\n\n" + source.rstrip())
+    if cap.values:
+        parts.append("\n\n# Values from the notebook that are not source code: saved next to this script")
+        parts.append('globals().update(_distlab.load_data(__file__, "values"))')
+    arg_source = repr(args) if is_literal(args) else '_distlab.load_data(__file__, "args")'
+    parts.append(
+        "\n\nif __name__ == \"__main__\":\n"
+        f"    _distlab.main({cap.entry}, args={arg_source}, nprocs={nprocs}, style={style!r}, backend={backend!r})\n"
+    )
+    return "\n".join(parts)
+
+
+def needs_args_file(args: tuple) -> bool:
+    return not is_literal(args)

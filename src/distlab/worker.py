@@ -1,0 +1,219 @@
+"""The runtime inside every worker process.
+
+distlab starts each rank as ``python -m distlab._start RUN_JSON TARGET [ARGS...]``. This
+module installs what makes a worker observable and safe (stack dumps on SIGUSR1, exit when
+the launching kernel dies, precise error files), then runs TARGET as ``__main__`` exactly as
+``python TARGET`` would. Generated scripts end with ``worker.main(fn, ...)``, which calls
+``fn`` for this rank and ships its return value back.
+
+Run by hand (``python script.py`` or ``torchrun script.py``) the same script works without
+distlab's launcher: ``main`` then starts the ranks itself with ``torch.multiprocessing.spawn``
+or reads torchrun's environment.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+_RUN: dict | None = None  # the launcher's run config when started by distlab, else None
+_METRICS = None  # open metrics file of this rank
+ORPHAN_EXIT_CODE = 70
+
+
+def rank_from_env() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _run_path(*parts) -> Path:
+    return Path(_RUN["run_dir"], *parts)
+
+
+def _install(run: dict) -> None:
+    """Make this process observable and tied to its parent before user code runs."""
+    global _RUN
+    _RUN = run
+    rank = rank_from_env()
+    os.dup2(sys.stdout.fileno(), sys.stderr.fileno())  # one log per rank, prints and tracebacks in order
+    stacks = open(_run_path("stacks", f"rank{rank}.txt"), "w")  # kept open for the signal handler
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    _run_path("ready", f"rank{rank}").write_text(str(os.getpid()))
+    threading.Thread(target=_exit_with_parent, args=(run["parent_pid"],), daemon=True).start()
+    _respect_user_master_port(run["master_port"])
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A killed kernel cannot stop its workers, so each worker notices and leaves by itself."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.25)
+    print(f"distlab: rank {rank_from_env()}: launcher process {parent_pid} is gone, exiting.", file=sys.stderr)
+    os._exit(ORPHAN_EXIT_CODE)
+
+
+def _respect_user_master_port(distlab_port: int) -> None:
+    """Join distlab's loopback store, unless user code chose its own MASTER_PORT/init_method.
+
+    Workers start with TORCHELASTIC_USE_AGENT_STORE=True so that a plain
+    ``init_process_group("gloo")`` connects to the store the launcher hosts on 127.0.0.1.
+    Code that sets its own port (the article's ``setup`` uses 12355) must win: for any other
+    port rank 0 hosts the store itself, as it would under ``mp.spawn``.
+    """
+    import torch.distributed  # noqa: F401  (the attribute `rendezvous` is a function; use the module)
+
+    rdzv = sys.modules["torch.distributed.rendezvous"]
+    original = rdzv._create_c10d_store
+
+    def create_store(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if int(port) != distlab_port:
+            os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        return original(hostname, port, rank, world_size, timeout, use_libuv)
+
+    rdzv._create_c10d_store = create_store
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback without distlab's and runpy's frames: only the learner's code is shown."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    runtime = ("distlab/worker.py", "distlab/_start.py", "runpy.py", "<frozen runpy>")
+    keep = [f for f in frames if not f.filename.endswith(runtime)]
+    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(keep or frames))
+    return text + "".join(traceback.format_exception_only(type(exc), exc))
+
+
+def _write_error(exc: BaseException, text: str) -> None:
+    """Write torchelastic's error file, with a sub-second timestamp so the first failure is exact."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": text, "timestamp": str(int(now)), "time": now}}}
+    Path(path).write_text(json.dumps(data))
+
+
+def bootstrap(argv: list[str]) -> None:
+    """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``)."""
+    run = json.loads(Path(argv[0]).read_text())
+    _install(run)
+    target = argv[1]
+    sys.argv = [target, *argv[2:]]
+    sys.path.insert(0, str(Path(target).resolve().parent))
+    try:
+        runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            _write_error(e, user_traceback(e))
+        raise
+    except BaseException as e:
+        text = user_traceback(e)
+        _write_error(e, text)
+        sys.stderr.write(text)
+        sys.exit(1)
+
+
+def main(fn, args=(), nprocs: int = 1, style: str = "spawn", backend: str = "auto"):
+    """Run ``fn`` for this rank; called at the end of every generated script.
+
+    * under distlab or torchrun (RANK is set): run this one rank;
+    * under plain ``python script.py``: start ``nprocs`` ranks with ``mp.spawn``, as the article does.
+    """
+    if "RANK" not in os.environ:
+        return _spawn_locally(fn, args, nprocs, style, backend)
+    rank = rank_from_env()
+    if style == "spawn":
+        value = fn(rank, *args)
+    else:
+        value = _run_with_group(fn, args, backend)
+    _save_return(rank, value)
+    return value
+
+
+def _run_with_group(fn, args, backend: str):
+    """torchrun style: the process group is up before ``fn`` runs and torn down after."""
+    import torch.distributed as dist
+
+    from .config import choose_backend, cuda_device_count
+
+    world = int(os.environ["WORLD_SIZE"])
+    chosen = choose_backend(backend, world, cuda_device_count())
+    if chosen == "nccl":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(chosen)
+    try:
+        return fn(*args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _save_return(rank: int, value) -> None:
+    if _RUN is None or value is None:
+        return
+    import torch
+
+    final = _run_path("returns", f"rank{rank}.pt")
+    tmp = final.with_suffix(".tmp")
+    try:
+        torch.save(value, tmp)
+    except Exception as e:
+        from .errors import CaptureError
+
+        raise CaptureError(f"rank {rank}'s return value ({type(value).__name__})", str(e),
+                           "Return plain Python data, numbers or tensors (e.g. loss.item()).") from e
+    os.replace(tmp, final)
+
+
+def _spawn_locally(fn, args, nprocs, style, backend):
+    """``python script.py``: behave like the article's ``mp.spawn`` main program."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    os.environ["WORLD_SIZE"] = str(nprocs)
+    mp.spawn(_spawned_rank, args=(fn, args, style, backend), nprocs=nprocs, join=True)
+
+
+def _spawned_rank(rank, fn, args, style, backend):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    value = main(fn, args, style=style, backend=backend)
+    if value is not None:
+        print(f"[rank{rank}] returned {value!r}")
+
+
+def report(**metrics) -> None:
+    """Send numbers (loss, step, ...) from a worker to the notebook as data; a no-op elsewhere."""
+    global _METRICS
+    if _RUN is None:
+        return
+    if _METRICS is None:
+        _METRICS = open(_run_path("metrics", f"rank{rank_from_env()}.jsonl"), "a", buffering=1)
+    row = {"rank": rank_from_env(), "time": time.time(), **metrics}
+    _METRICS.write(json.dumps(row, default=_to_number) + "\n")
+
+
+def _to_number(x):
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"distlab.report: cannot send a {type(x).__name__}; send numbers or strings")
+
+
+def load_data(script_file: str, name: str):
+    """Load values that travel next to the script as ``<name>.pt`` (tensors, objects)."""
+    import torch
+
+    return torch.load(Path(script_file).with_name(f"{name}.pt"), weights_only=False)
+

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: sets up .venv, then lint, unit, launcher, notebook,
+# book-build and browser tests. Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup-venv.sh"
+ruff check src tests bench
+python -m pytest "$@"
