@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from nbrun import Execution, execute
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,13 +48,16 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     nproc = config.check_positive_int("nproc_per_node", nproc_per_node)
     nnodes = config.check_positive_int("nnodes", nnodes)
     if mode == "python" and (nproc != 1 or nnodes != 1):
-        raise LaunchArgumentError("nproc_per_node", nproc, 'must be 1 with mode="python" (the script starts its own ranks)')
+        raise LaunchArgumentError("nproc_per_node", nproc,
+                                  'must be 1 with mode="python" (the script starts its own ranks)')
     if nnodes > 1 and not rdzv_endpoint:
-        raise LaunchArgumentError("rdzv_endpoint", rdzv_endpoint, "is needed when nnodes > 1", 'For example "127.0.0.1:29400".')
+        raise LaunchArgumentError("rdzv_endpoint", rdzv_endpoint, "is needed when nnodes > 1",
+                                  'For example "127.0.0.1:29400".')
     plan = engine.Plan(
         run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
         target_args=[str(a) for a in args], timeout=config.check_timeout(timeout),
         max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        plain_python=mode == "python",
     )
     return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import inspect
 import numbers
-import os
-from dataclasses import dataclass, field
 
 from .errors import LaunchArgumentError
 
 BACKENDS = ("auto", "gloo", "nccl")
-LOOPBACK = "127.0.0.1"
 
 
 def cuda_device_count() -> int:
@@ -61,7 +58,8 @@ def check_function(fn) -> None:
 
 def check_args(args) -> tuple:
     if not isinstance(args, tuple):
-        raise LaunchArgumentError("args", args, f"must be a tuple, not {type(args).__name__}", "Write args=(2,) for one argument.")
+        raise LaunchArgumentError("args", args, f"must be a tuple, not {type(args).__name__}",
+                                  "Write args=(2,) for one argument.")
     return args
 
 
@@ -71,31 +69,3 @@ def check_timeout(timeout) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
         raise LaunchArgumentError("timeout", timeout, "must be a positive number of seconds or None")
     return float(timeout)
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """The environment every worker starts with (torchrun's names), before user code runs."""
-
-    run_id: str
-    run_dir: str
-    master_port: int
-    world_size: int
-    parent_pid: int
-    master_addr: str = LOOPBACK
-    extra: dict = field(default_factory=dict)
-
-    def common(self) -> dict[str, str]:
-        """Variables shared by all ranks; the engine adds RANK/LOCAL_RANK per worker."""
-        env = {
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            "DISTLAB_MASTER_PORT": str(self.master_port),
-            "DISTLAB_RUN_ID": self.run_id,
-            "DISTLAB_RUN_DIR": self.run_dir,
-            "DISTLAB_PARENT_PID": str(self.parent_pid),
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        }
-        env.update({k: str(v) for k, v in self.extra.items()})
-        return env

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class Plan:
     node_rank: int = 0
     rdzv_endpoint: str = ""
     script: Path | None = None
+    plain_python: bool = False  # run TARGET like `python TARGET`: no torchrun variables
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
@@ -64,7 +66,8 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     store = _LoopbackStore(plan.run_id) if plan.nnodes == 1 else None
     run_json = plan.run_dir / "run.json"
     run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
-                                    "master_port": store.port if store else -1, "run_id": plan.run_id}))
+                                    "master_port": store.port if store else -1, "run_id": plan.run_id,
+                                    "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}))
     watcher = watch.Watcher(plan.run_dir, plan.run_id, plan.world_size, view, plan.timeout)
     start = time.perf_counter()
     failure = interrupted = None
@@ -149,6 +152,9 @@ def _is_interrupt(exc: BaseException) -> bool:
 
 
 def _restore_signals(saved: dict) -> None:
+    """torchelastic installs its handlers in the main thread only; put the kernel's back."""
+    if threading.current_thread() is not threading.main_thread():
+        return
     for sig, handler in saved.items():
         if handler is not None:
             signal.signal(sig, handler)
@@ -157,7 +163,7 @@ def _restore_signals(saved: dict) -> None:
 class _quiet_torchelastic:
     """torchelastic logs every start and failure at WARNING; distlab reports those itself."""
 
-    names = ("torch.distributed.elastic", "torch.distributed.launcher")
+    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null")
 
     def __enter__(self):
         self.levels = {n: logging.getLogger(n).level for n in self.names}

@@ -40,13 +40,26 @@ def _install(run: dict) -> None:
     """Make this process observable and tied to its parent before user code runs."""
     global _RUN
     _RUN = run
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N ranks must not each use every core
     rank = rank_from_env()
     os.dup2(sys.stdout.fileno(), sys.stderr.fileno())  # one log per rank, prints and tracebacks in order
     stacks = open(_run_path("stacks", f"rank{rank}.txt"), "w")  # kept open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     _run_path("ready", f"rank{rank}").write_text(str(os.getpid()))
     threading.Thread(target=_exit_with_parent, args=(run["parent_pid"],), daemon=True).start()
-    _respect_user_master_port(run["master_port"])
+    if run["master_port"] > 0:  # single node: keep gloo's own sockets on loopback too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+        _respect_user_master_port(run["master_port"])
+
+
+def _loopback_interface() -> str:
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addrs):
+            return name
+    return "lo"
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -102,9 +115,12 @@ def bootstrap(argv: list[str]) -> None:
     """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``)."""
     run = json.loads(Path(argv[0]).read_text())
     _install(run)
+    if run.get("plain_python"):
+        _forget_torchrun_environment()
     target = argv[1]
     sys.argv = [target, *argv[2:]]
     sys.path.insert(0, str(Path(target).resolve().parent))
+    sys.path.extend(p for p in run.get("sys_path", []) if p not in sys.path)  # modules the kernel could import
     try:
         runpy.run_path(target, run_name="__main__")
     except SystemExit as e:
@@ -116,6 +132,20 @@ def bootstrap(argv: list[str]) -> None:
         _write_error(e, text)
         sys.stderr.write(text)
         sys.exit(1)
+
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+def _forget_torchrun_environment() -> None:
+    """For ``run_script(mode="python")``: the file must see what ``python file.py`` would see.
+
+    TORCHELASTIC_RUN_ID stays: it is how distlab finds (and stops) the processes the script starts.
+    """
+    for name in TORCHRUN_VARIABLES:
+        os.environ.pop(name, None)
 
 
 def main(fn, args=(), nprocs: int = 1, style: str = "spawn", backend: str = "auto"):

@@ -1,0 +1,118 @@
+"""Launch latency: a trivial 2-rank gloo job (init, one all_reduce, destroy) started from a process
+that has already imported torch, as a kernel has.
+
+    distlab   distlab.spawn(job, nprocs=2) of a function defined in this file
+    bare      two subprocess.Popen workers running the same job from a script file (the floor)
+    mp.spawn  `python job_mp.py` (whole process: interpreter + torch import + mp.spawn)
+    torchrun  `torchrun --nproc-per-node 2 job_env.py` (whole process)
+
+distlab and bare alternate, and medians are reported. Last line: `ratio: X` = distlab / bare.
+Usage: python bench/launch_latency.py [--repeats 7] [--no-scripts]
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch  # noqa: F401  (imported first, like a kernel that has used torch already)
+import torch.distributed as dist
+
+import distlab
+
+JOB_ENV = """import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+assert t[0].item() == dist.get_world_size()
+dist.destroy_process_group()
+"""
+JOB_MP = """import os, socket, torch, torch.distributed as dist, torch.multiprocessing as mp
+def job(rank, world):
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); os.environ["MASTER_PORT"] = str(s.getsockname()[1]); s.close()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    mp.spawn(job, args=(2,), nprocs=2)
+"""
+
+
+def job(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert t[0].item() == world_size
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_bare(script: Path, world: int = 2) -> float:
+    start = time.perf_counter()
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(script)],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"})
+             for r in range(world)]
+    assert all(p.wait() == 0 for p in procs), "a bare worker failed"
+    return time.perf_counter() - start
+
+
+def time_distlab() -> float:
+    start = time.perf_counter()
+    distlab.spawn(job, args=(2,), nprocs=2, view=None)
+    return time.perf_counter() - start
+
+
+def time_command(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return time.perf_counter() - start
+
+
+def measure(repeats: int, scripts: bool, folder: Path) -> dict[str, list[float]]:
+    env_script, mp_script = folder / "job_env.py", folder / "job_mp.py"
+    env_script.write_text(JOB_ENV)
+    mp_script.write_text(JOB_MP)
+    times: dict[str, list[float]] = {"distlab": [], "bare": []}
+    time_distlab(), time_bare(env_script)  # warm-up: file caches, first-run costs
+    for i in range(repeats):
+        order = [("distlab", time_distlab), ("bare", lambda: time_bare(env_script))]
+        for name, fn in order if i % 2 == 0 else order[::-1]:
+            times[name].append(fn())
+    if scripts:
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        times["mp.spawn script"] = [time_command([sys.executable, str(mp_script)]) for _ in range(max(1, repeats // 3))]
+        times["torchrun"] = [time_command([torchrun, "--nproc-per-node", "2", str(env_script)])
+                             for _ in range(max(1, repeats // 3))]
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-scripts", action="store_true", help="skip the mp.spawn and torchrun whole-process runs")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        times = measure(args.repeats, not args.no_scripts, Path(folder))
+    bare = statistics.median(times["bare"])
+    print(f"{'launcher':<18}{'median s':>10}{'min s':>8}{'runs':>6}{'vs bare':>9}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:<18}{med:>10.3f}{min(values):>8.3f}{len(values):>6}{med / bare:>9.2f}")
+    print(f"ratio: {statistics.median(times['distlab']) / bare:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Error messages word for word, first-failure choice, log tailing and stack cleaning. No processes."""
+import json
+from types import SimpleNamespace
+
+from distlab.display import TextView
+from distlab.engine import first_failure_error, lines_before_traceback
+from distlab.errors import WorkerFailedError, WorkerTimeoutError
+from distlab.watch import Watcher, clean_stack
+
+
+def test_worker_failed_message():
+    e = WorkerFailedError(1, 1, "Traceback ...\nValueError: boom\n", "step 3\n", "/runs/x")
+    assert str(e) == (
+        "distlab: rank 1 failed first (exit code 1); the other ranks were stopped.\n"
+        "Traceback ...\nValueError: boom\n"
+        "--- last lines rank 1 printed ---\nstep 3\n"
+        "Run folder (script and every rank's log): /runs/x"
+    )
+    assert e.rank == 1 and e.remote_traceback.endswith("boom\n")
+
+
+def test_timeout_message_lists_every_rank():
+    e = WorkerTimeoutError(5.0, {1: "File x.py, line 9 in hang", 0: "File x.py, line 3 in work"}, "/runs/y")
+    text = str(e)
+    assert text.startswith("distlab: the run did not finish within timeout=5.0s; all ranks were stopped.")
+    assert text.index("--- rank 0 ---\nFile x.py, line 3 in work") < text.index("--- rank 1 ---")
+    assert "another rank never called it" in text
+
+
+def _failure(tmp_path, rank, when, exitcode=1):
+    path = tmp_path / f"rank{rank}.error.json"
+    if when is not None:
+        msg = {"message": f"E{rank}", "extraInfo": {"py_callstack": f"tb of rank {rank}", "timestamp": str(int(when)),
+                                                   "time": when}}
+        path.write_text(json.dumps({"message": msg}))
+        return SimpleNamespace(error_file=str(path), exitcode=exitcode, message=msg, timestamp=int(when))
+    return SimpleNamespace(error_file="<N/A>", exitcode=exitcode, message="", timestamp=1000)
+
+
+def test_first_failure_uses_subsecond_time_not_rank_order(tmp_path):
+    (tmp_path / "logs").mkdir()
+    exc = SimpleNamespace(failures={0: _failure(tmp_path, 0, 1000.9), 1: _failure(tmp_path, 1, 1000.2)})
+    err = first_failure_error(exc, tmp_path, result=None)
+    assert err.rank == 1 and err.remote_traceback == "tb of rank 1"
+
+
+def test_a_rank_killed_by_a_signal_is_named(tmp_path):
+    (tmp_path / "logs").mkdir()
+    exc = SimpleNamespace(failures={3: _failure(tmp_path, 3, None, exitcode=-9)})
+    err = first_failure_error(exc, tmp_path, result=None)
+    assert "rank 3 wrote no Python traceback: it was killed by signal SIGKILL" in str(err)
+
+
+def test_lines_before_traceback():
+    log = "a\nb\nTraceback (most recent call last):\n  File x\nValueError: v\n"
+    assert lines_before_traceback(log) == ["a", "b"]
+    assert lines_before_traceback("a\nb\n") == ["a", "b"]
+
+
+DUMP = """Thread 0x00007f (most recent call first):
+  File "/x/distlab/worker.py", line 54 in _exit_with_parent
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007e (most recent call first):
+  File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/runs/hang.py", line 18 in hang
+  File "/x/distlab/worker.py", line 124 in main
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+def test_clean_stack_keeps_only_user_frames():
+    assert clean_stack(DUMP) == (
+        "Current thread 0x00007e (most recent call first):\n"
+        '  File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+        '  File "/runs/hang.py", line 18 in hang'
+    )
+
+
+class Recorder(TextView):
+    def __init__(self):
+        super().__init__(2)
+        self.lines, self.rows = [], []
+
+    def line(self, rank, text):
+        self.lines.append((rank, text))
+
+    def metric(self, rank, row):
+        self.rows.append((rank, row))
+
+
+def test_watcher_streams_whole_lines_and_metrics_once(tmp_path):
+    (tmp_path / "logs" / "attempt0").mkdir(parents=True)
+    (tmp_path / "metrics").mkdir()
+    out = tmp_path / "logs" / "attempt0" / "rank1.out"
+    view = Recorder()
+    w = Watcher(tmp_path, "rid", 2, view, timeout=None)
+    out.write_text("hello\npart")
+    w.poll()
+    assert view.lines == [(1, "hello")]  # the unfinished line waits
+    with open(out, "a") as f:
+        f.write("ial\n")
+    (tmp_path / "metrics" / "rank0.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    w.poll()
+    w.poll(final=True)
+    assert view.lines == [(1, "hello"), (1, "partial")]
+    assert view.rows == [(0, {"step": 1, "loss": 0.5})]

@@ -1,0 +1,184 @@
+"""The launcher end to end, with real worker processes (gloo, 2 ranks)."""
+import os
+import time
+
+import psutil
+import pytest
+import torch
+from fake_kernel import run_cells
+
+import distlab
+from distlab import LaunchArgumentError, WorkerFailedError, WorkerTimeoutError
+
+pytestmark = pytest.mark.slow
+
+CELLS = run_cells(
+    """
+    import os
+    import time
+    import torch
+    import torch.distributed as dist
+    STEPS = 3
+    """,
+    """
+    class Scale(torch.nn.Module):
+        def __init__(self, k):
+            super().__init__()
+            self.k = k
+
+        def forward(self, x):
+            return x * self.k
+    """,
+    """
+    def all_reduce_work(rank, world_size, base):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        t = Scale(rank + 1)(base.clone())
+        dist.all_reduce(t)
+        for step in range(STEPS):
+            distlab_report(step=step + 1, total=STEPS, loss=1.0 / (step + 1))
+        print(f"rank {rank} done")
+        dist.destroy_process_group()
+        return {"sum": t, "port": os.environ["MASTER_PORT"]}
+    """,
+    """
+    def fail_on_rank_one(rank, world_size):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if rank == 1:
+            time.sleep(0.5)
+            print("rank 1 about to raise", flush=True)
+            raise ValueError(f"boom at {time.time()!r}")
+        dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes
+        time.sleep(60)
+    """,
+    """
+    def hang_on_rank_zero(rank, world_size):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if rank == 0:
+            dist.all_reduce(torch.ones(1))
+        time.sleep(60)
+    """,
+    """
+    def sleeper(rank, seconds):
+        print("sleeping", flush=True)
+        time.sleep(seconds)
+    """,
+    """
+    def listening_sockets(rank, world_size):
+        import psutil
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        dist.barrier()
+        mine = [c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
+        parent = [c.laddr.ip for c in psutil.Process(os.getppid()).net_connections("inet") if c.status == "LISTEN"]
+        dist.barrier()
+        dist.destroy_process_group()
+        return {"worker": mine, "parent": parent}
+    """,
+    """
+    def group_info():
+        return (dist.get_rank(), dist.get_world_size(), dist.get_backend())
+    """,
+    """
+    def unsendable(rank):
+        return lambda: rank
+    """,
+)
+CELLS["distlab_report"] = distlab.report
+
+
+def no_workers_left(run_dir) -> bool:
+    pids = [int(p.read_text()) for p in (run_dir / "ready").glob("rank*")]
+    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_spawn_runs_notebook_code_and_brings_everything_back():
+    res = distlab.spawn(CELLS["all_reduce_work"], args=(2, torch.ones(2)), nprocs=2, view=None)
+    assert torch.equal(res.returns[0]["sum"], torch.tensor([3.0, 3.0])) and res.returns[0] == res.returns[0]
+    assert torch.equal(res.returns[1]["sum"], torch.tensor([3.0, 3.0]))
+    assert "rank 1 done" in res.logs[1] and "rank 0 done" not in res.logs[1]
+    assert res.series("loss", rank=1) == [1.0, 0.5, 1.0 / 3]
+    assert (res.run_dir / "args.pt").exists()  # a tensor argument travels as data
+    assert "class Scale(torch.nn.Module):" in res.script.read_text()
+    assert res.returns[0]["port"] == res.returns[1]["port"]
+
+
+def test_first_failing_rank_is_named_with_its_traceback_quickly():
+    start = time.time()
+    with pytest.raises(WorkerFailedError) as e:
+        distlab.spawn(CELLS["fail_on_rank_one"], args=(2,), nprocs=2, view=None)
+    err = e.value
+    raised_at = float(err.remote_traceback.strip().splitlines()[-1].split("boom at ")[1])
+    assert err.rank == 1 and err.exitcode == 1
+    assert "ValueError: boom at" in err.remote_traceback and "in fail_on_rank_one" in err.remote_traceback
+    assert "rank 1 about to raise" in str(err)
+    assert time.time() - raised_at <= 5.0, f"reported {time.time() - raised_at:.1f}s after the raise"
+    assert time.time() - start < 30
+    assert no_workers_left(err.result.run_dir)
+
+
+def test_hang_times_out_with_each_ranks_stack():
+    start = time.time()
+    with pytest.raises(WorkerTimeoutError) as e:
+        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=6, view=None)
+    stacks = e.value.stacks
+    assert "in all_reduce" in stacks[0] and "in hang_on_rank_zero" in stacks[0]
+    assert "in all_reduce" not in stacks[1] and "in hang_on_rank_zero" in stacks[1]
+    assert time.time() - start < 20
+    assert no_workers_left(e.value.result.run_dir)
+
+
+def test_launch_initialises_the_group_for_the_user():
+    res = distlab.launch(CELLS["group_info"], world_size=2, view=None)
+    assert res.returns == {0: (0, 2, "gloo"), 1: (1, 2, "gloo")}
+
+
+def test_single_node_run_listens_on_loopback_only():
+    res = distlab.spawn(CELLS["listening_sockets"], args=(2,), nprocs=2, view=None)
+    for rank in (0, 1):
+        addresses = res.returns[rank]["worker"] + res.returns[rank]["parent"]
+        assert res.returns[rank]["parent"], "the launcher's store should be listening"
+        assert set(addresses) <= {"127.0.0.1"}, addresses
+
+
+def test_concurrent_launches_do_not_clash():
+    runs = [distlab.spawn(CELLS["all_reduce_work"], args=(2, torch.ones(2)), nprocs=2, join=False, view=None)
+            for _ in range(3)]
+    results = [r.join(timeout=120) for r in runs]
+    assert all(torch.equal(r.returns[1]["sum"], torch.tensor([3.0, 3.0])) for r in results)
+    assert len({r.returns[0]["port"] for r in results}) == 3
+
+
+def test_bad_arguments_fail_before_any_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTLAB_RUNS", str(tmp_path))
+    for kwargs in ({"nprocs": 0}, {"args": [2]}, {"timeout": -1}):
+        with pytest.raises(LaunchArgumentError):
+            distlab.spawn(CELLS["sleeper"], **{"args": (1,), **kwargs})
+    with pytest.raises(LaunchArgumentError, match="NCCL needs one GPU per rank"):
+        distlab.launch(CELLS["group_info"], world_size=64, backend="nccl")
+    with pytest.raises(LaunchArgumentError, match="must be a Python function"):
+        distlab.spawn(print, nprocs=2)
+    assert list(tmp_path.iterdir()) == []  # no run folder, so no process was started
+
+
+def test_unsendable_return_value_names_the_rank():
+    with pytest.raises(WorkerFailedError, match=r"rank 0's return value \(function\).*Return plain Python data"):
+        distlab.spawn(CELLS["unsendable"], nprocs=1, view=None)
+
+
+def test_run_script_torchrun_and_python_modes(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text(
+        "import os, sys\n"
+        "import torch.multiprocessing as mp\n"
+        "def work(rank):\n"
+        "    print('spawned', rank, flush=True)\n"
+        "if __name__ == '__main__':\n"
+        "    if 'RANK' in os.environ:\n"
+        "        print('torchrun rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], sys.argv[1:])\n"
+        "    else:\n"
+        "        mp.spawn(work, nprocs=2)\n"
+    )
+    res = distlab.run_script(script, nproc_per_node=2, args=["--epochs", 1], view=None)
+    assert "torchrun rank 1 of 2 ['--epochs', '1']" in res.logs[1]
+    os.environ.pop("RANK", None)
+    res = distlab.run_script(script, mode="python", view=None)
+    assert "spawned 0" in res.logs[0] and "spawned 1" in res.logs[0]
