@@ -182,3 +182,55 @@ def test_run_script_torchrun_and_python_modes(tmp_path):
     os.environ.pop("RANK", None)
     res = distlab.run_script(script, mode="python", view=None)
     assert "spawned 0" in res.logs[0] and "spawned 1" in res.logs[0]
+
+
+def test_max_restarts_reruns_every_rank_and_keeps_each_attempts_log():
+    ns = run_cells("""
+    import os
+    import torch.distributed as dist
+    def flaky(rank, world):
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        print("attempt", attempt, flush=True)
+        if attempt == 0 and rank == 1:
+            raise RuntimeError("first attempt fails")
+        dist.destroy_process_group()
+        return attempt
+    """)
+    res = distlab.spawn(ns["flaky"], args=(2,), nprocs=2, max_restarts=1, view=None)
+    assert res.returns == {0: 1, 1: 1}
+    log = res.logs[1]
+    assert log.index("--- attempt 0 ---") < log.index("RuntimeError: first attempt fails") < log.index(
+        "--- attempt 1 ---") < log.index("attempt 1")
+
+
+TWO_NODE_JOB = """import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "sum", t.item())
+dist.destroy_process_group()
+"""
+TWO_NODE_DRIVER = """import sys, distlab
+res = distlab.run_script(sys.argv[1], nproc_per_node=1, nnodes=2, node_rank=int(sys.argv[2]),
+                         rdzv_endpoint=sys.argv[3], view=None, timeout=90)
+print("LOGS", res.logs)
+"""
+
+
+def test_run_script_two_nodes_over_loopback_with_c10d_rendezvous(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.py"
+    job.write_text(TWO_NODE_JOB)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    nodes = [subprocess.Popen([sys.executable, "-c", TWO_NODE_DRIVER, str(job), str(k), endpoint],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+    outs = [p.communicate(timeout=150)[0] for p in nodes]
+    assert all(p.returncode == 0 for p in nodes), outs
+    joined = "".join(outs)
+    assert "rank 0 of 2 sum 3.0" in joined and "rank 1 of 2 sum 3.0" in joined

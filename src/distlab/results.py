@@ -35,7 +35,15 @@ def log_files(run_dir: Path, rank: int) -> list[Path]:
 
 
 def read_logs(run_dir: Path, rank: int) -> str:
-    return "".join(f.read_text(errors="replace") for f in log_files(run_dir, rank))
+    """A rank's output; after a torchelastic restart each attempt starts with a header line."""
+    files = log_files(run_dir, rank)
+    attempts = {f.parent.name for f in files}
+    parts = []
+    for f in files:
+        if len(attempts) > 1 and f.suffix == ".out":
+            parts.append(f"--- {f.parent.name.replace('attempt', 'attempt ')} ---\n")
+        parts.append(f.read_text(errors="replace"))
+    return "".join(parts)
 
 
 def read_metrics(run_dir: Path, rank: int) -> list[dict]:

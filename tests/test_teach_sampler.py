@@ -1,0 +1,113 @@
+"""distlab.teach.sampler against torch's DistributedSampler, and the chapter's exercise checks.
+
+No processes are launched: DistributedSampler takes num_replicas and rank explicitly.
+"""
+import itertools
+
+import pytest
+from torch.utils.data.distributed import DistributedSampler
+
+from distlab.teach import sampler as S
+
+
+def torch_indices(n, world, rank, shuffle=True, seed=0, epoch=0, drop_last=False):
+    s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed,
+                           drop_last=drop_last)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+GRID = list(itertools.product([1, 2, 3, 7, 10, 11, 16], [1, 2, 3, 4, 8], [True, False], [False, True]))
+
+
+@pytest.mark.parametrize("n,world,shuffle,drop_last", GRID)
+def test_reference_matches_torch_for_every_rank(n, world, shuffle, drop_last):
+    if drop_last and n < world:
+        pytest.skip("torch gives every rank zero samples; nothing to compare")
+    for seed, epoch in [(0, 0), (0, 3), (42, 1)]:
+        for rank in range(world):
+            kw = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+            assert S.rank_indices(n, world, rank, **kw) == torch_indices(n, world, rank, **kw)
+
+
+@pytest.mark.parametrize("n,world", [(10, 3), (11, 2), (3, 8), (12, 4)])
+def test_padding_covers_everything_with_exactly_padding_repeats(n, world):
+    shards = S.all_rank_indices(n, world, seed=1)
+    counts = S.coverage(shards, n)
+    assert min(counts) >= 1
+    assert sum(counts) - n == S.padding(n, world) == S.total_size(n, world) - n
+    assert {len(s) for s in shards} == {S.num_samples(n, world)}
+
+
+@pytest.mark.parametrize("n,world", [(10, 3), (11, 2), (12, 4)])
+def test_drop_last_reads_each_index_at_most_once_and_skips_dropped(n, world):
+    shards = S.all_rank_indices(n, world, seed=1, drop_last=True)
+    counts = S.coverage(shards, n)
+    assert max(counts) == 1
+    assert counts.count(0) == S.dropped(n, world) == n % world
+
+
+def test_padding_mask_marks_exactly_the_repeats():
+    n, world = 10, 3
+    for rank in range(world):
+        mask = S.padding_mask(n, world, rank)
+        shard = S.rank_indices(n, world, rank, shuffle=False)
+        assert [i for i, m in zip(shard, mask, strict=True) if m] == [i for p, i in enumerate(shard)
+                                                                       if rank + p * world >= n]
+    kept = [i for r in range(world) for i, m in zip(S.rank_indices(n, world, r, seed=5),
+                                                     S.padding_mask(n, world, r), strict=True) if not m]
+    assert sorted(kept) == list(range(n))
+
+
+def test_seed_plus_epoch_is_what_matters():
+    assert S.epoch_order(9, seed=0, epoch=1) == S.epoch_order(9, seed=1, epoch=0)
+    assert S.epoch_order(9, seed=0, epoch=0) != S.epoch_order(9, seed=0, epoch=1)
+
+
+def test_merge_shards_inverts_the_split():
+    order = S.global_order(11, 3, seed=2, epoch=4)
+    assert S.merge_shards(S.all_rank_indices(11, 3, seed=2, epoch=4)) == order
+
+
+def test_owner_matrix_codes():
+    epochs = [[[0, 2], [1, 0]], [[3], [1]]]
+    assert S.owner_matrix(epochs, 4) == [[S.SEVERAL, 1, 0, S.NONE], [S.NONE, 1, S.NONE, 0]]
+
+
+def test_check_rank_indices_accepts_right_and_hints_wrong(capsys):
+    kw = dict(n=10, world=4, rank=3, seed=7, epoch=2)
+    assert S.check_rank_indices(torch_indices(10, 4, 3, seed=7, epoch=2), **kw)
+    assert "correct" in capsys.readouterr().out
+    assert S.check_rank_indices(None, **kw) is False
+    with pytest.raises(AssertionError, match="rank 1's share"):
+        S.check_rank_indices(torch_indices(10, 4, 1, seed=7, epoch=2), **kw)
+    with pytest.raises(AssertionError, match="epoch 0"):
+        S.check_rank_indices(torch_indices(10, 4, 3, seed=7, epoch=0), **kw)
+    with pytest.raises(AssertionError, match="ceil"):
+        S.check_rank_indices([1, 2], **kw)
+
+
+def test_check_counts():
+    assert S.check_counts((4, 2, 0), 10, 3, drop_last=False)
+    assert S.check_counts((3, 0, 1), 10, 3, drop_last=True)
+    with pytest.raises(AssertionError, match="rounds N / world up"):
+        S.check_counts((3, 2, 0), 10, 3, drop_last=False)
+    with pytest.raises(AssertionError, match="never_seen"):
+        S.check_counts((3, 0, 0), 10, 3, drop_last=True)
+
+
+def test_check_same_order():
+    assert S.check_same_order(2, seed=3, epoch=4, other_seed=5)
+    with pytest.raises(AssertionError, match="seed \\+ epoch"):
+        S.check_same_order(4, seed=3, epoch=4, other_seed=5)
+
+
+def test_rank_maps_draws_one_panel_per_matrix_with_legend():
+    from distlab.plots.sampler import rank_maps
+
+    m = S.owner_matrix([S.all_rank_indices(7, 2, epoch=e) for e in range(3)], 7)
+    fig = rank_maps({"a": m, "b": m[:1]}, world=2)
+    axes = fig.get_axes()
+    assert len(axes) == 2 and axes[1].get_xlabel() == "dataset index"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["rank 0", "rank 1", "several ranks (padding)"]
