@@ -105,3 +105,25 @@ def test_watcher_streams_whole_lines_and_metrics_once(tmp_path):
     w.poll(final=True)
     assert view.lines == [(1, "hello"), (1, "partial")]
     assert view.rows == [(0, {"step": 1, "loss": 0.5})]
+
+
+def test_widgets_only_where_a_jupyter_server_started_the_kernel(monkeypatch):
+    import sys
+
+    from distlab.display import widgets_can_render
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert not widgets_can_render({"JPY_SESSION_NAME": "x"})  # a terminal
+    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    assert widgets_can_render({"JPY_SESSION_NAME": "nb.ipynb"})  # JupyterLab / Notebook
+    assert not widgets_can_render({})  # nbclient (CI, the book build)
+
+
+def test_widget_view_has_a_pane_per_rank_and_progress():
+    from distlab.display import WidgetView
+
+    view = WidgetView(2)
+    view.line(1, "hello")
+    view.metric(0, {"step": 3, "total": 10})
+    assert view.panes[1].outputs[0]["text"] == "hello\n" and view.panes[0].outputs == ()
+    assert (view.progress.value, view.progress.max) == (3, 10)

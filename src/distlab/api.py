@@ -16,7 +16,7 @@ from .results import RunResult
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
-          view="text", max_restarts: int = 0) -> RunResult:
+          view="auto", max_restarts: int = 0) -> RunResult:
     """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
@@ -26,14 +26,14 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
 
 
 def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
-           timeout: float | None = None, view="text", max_restarts: int = 0) -> RunResult:
+           timeout: float | None = None, view="auto", max_restarts: int = 0) -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
     is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
     return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
 
 
 def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
-               view="text", max_restarts: int = 0, nnodes: int = 1, node_rank: int = 0,
+               view="auto", max_restarts: int = 0, nnodes: int = 1, node_rank: int = 0,
                rdzv_endpoint: str = "") -> RunResult:
     """Run a file as a terminal user would.
 

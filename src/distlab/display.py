@@ -59,7 +59,23 @@ class WidgetView(TextView):
             self.progress.max, self.progress.value = int(row["total"]), int(row["step"])
 
 
+def widgets_can_render(environ=None) -> bool:
+    """Best guess whether a frontend will draw widgets: a kernel started by a Jupyter server
+    (JupyterLab/Notebook set JPY_SESSION_NAME) with ipywidgets installed. nbclient (CI, the book
+    build) and terminals get the text stream, which every frontend shows."""
+    import importlib.util
+    import os
+    import sys
+
+    environ = os.environ if environ is None else environ
+    in_kernel = "ipykernel" in sys.modules and sys.modules["ipykernel"] is not None
+    return in_kernel and "JPY_SESSION_NAME" in environ and importlib.util.find_spec("ipywidgets") is not None
+
+
 def make_view(view, world_size: int):
+    """``"auto"``: widgets where they can render, else text; ``"text"``, ``"widgets"``, ``None``."""
+    if view == "auto":
+        view = "widgets" if widgets_can_render() else "text"
     if view == "text":
         return TextView(world_size)
     if view == "widgets":

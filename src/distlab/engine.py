@@ -24,7 +24,7 @@ from .errors import INTERRUPTED, WorkerFailedError, WorkerTimeoutError
 from .results import RunResult, collect, read_logs
 
 LOOPBACK_BACKEND = "distlab-loopback"
-_STORES: dict[str, tuple] = {}  # run_id -> (store, port) while that run is live
+_HANDLERS: dict = {}  # run_id -> the loopback rendezvous of a live single-node run
 
 
 @dataclass
@@ -63,10 +63,9 @@ def new_run_dir(name: str) -> Path:
 
 def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     """Run the plan to completion; raise a distlab error naming the rank when it fails."""
-    store = _LoopbackStore(plan.run_id) if plan.nnodes == 1 else None
     run_json = plan.run_dir / "run.json"
     run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
-                                    "master_port": store.port if store else -1, "run_id": plan.run_id,
+                                    "single_node": plan.nnodes == 1, "run_id": plan.run_id,
                                     "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}))
     watcher = watch.Watcher(plan.run_dir, plan.run_id, plan.world_size, view, plan.timeout)
     start = time.perf_counter()
@@ -75,7 +74,7 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     watcher.start()
     try:
         with _quiet_torchelastic():
-            _launch_agent(plan, store, run_json)
+            _launch_agent(plan, run_json)
     except KeyboardInterrupt as e:
         interrupted = e
     except Exception as e:
@@ -88,8 +87,9 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
         _restore_signals(saved)
         watcher.finish()
         watch.stop_workers(plan.run_id)
-        if store:
-            store.close()
+        handler = _HANDLERS.pop(plan.run_id, None)
+        if handler is not None:
+            handler.shutdown()
     wall = time.perf_counter() - start
     result = collect(plan.run_dir, plan.script, plan.world_size, wall, returns=collect_returns and not failure)
     if interrupted is not None:
@@ -101,10 +101,12 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     return result
 
 
-def _launch_agent(plan: Plan, store, run_json: Path) -> None:
+def _launch_agent(plan: Plan, run_json: Path) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     local = plan.nnodes == 1
+    if local:
+        _register_loopback_backend()
     config = LaunchConfig(
         min_nodes=plan.nnodes, max_nodes=plan.nnodes, nproc_per_node=plan.nproc,
         run_id=plan.run_id if local else "distlab",
@@ -178,30 +180,22 @@ class _quiet_torchelastic:
 class _LoopbackStore:
     """A TCPStore on 127.0.0.1 only: distlab binds the socket and hands torch its fd.
 
-    Holding the bound socket for the whole run means no other launch can take the port
-    (no bind-then-close race), and nothing listens beyond loopback.
+    Holding the bound socket means no other launch can take the port (no bind-then-close
+    race), and nothing listens beyond loopback.
     """
 
-    def __init__(self, run_id: str):
+    def __init__(self):
         from datetime import timedelta
 
         from torch.distributed import TCPStore
 
-        self.run_id = run_id
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.port = self.sock.getsockname()[1]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        self.port = sock.getsockname()[1]
         self.store = TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=300), master_listen_fd=self.sock.fileno(),
-                              multi_tenant=False)
-        self.sock.detach()  # the store owns the listening fd now and closes it when released
-        _register_loopback_backend()
-        _STORES[run_id] = (self.store, self.port)
-
-    def close(self) -> None:
-        _STORES.pop(self.run_id, None)
-        del self.store
+                              timeout=timedelta(seconds=300), master_listen_fd=sock.fileno())
+        sock.detach()  # the store owns the listening fd now and closes it when released
 
 
 def _register_loopback_backend() -> None:
@@ -214,17 +208,29 @@ def _create_loopback_handler(params):
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
     class LoopbackRendezvous(StaticTCPRendezvous):
-        """Static single-node rendezvous over distlab's loopback store (it creates none of its own)."""
+        """Single-node static rendezvous with a fresh loopback store per attempt.
+
+        A new store each time torchelastic (re)starts the workers: keys a failed attempt left
+        behind (gloo's peer addresses) must not reach the next one.
+        """
 
         def get_backend(self) -> str:
             return LOOPBACK_BACKEND
 
-    store, port = _STORES[params.run_id]
-    handler = LoopbackRendezvous("127.0.0.1", port, 0, 1, params.run_id, timeout=300)
-    handler._store = store
+        def next_rendezvous(self):
+            self.shutdown()
+            self._loopback = _LoopbackStore()
+            self._store, self.master_port = self._loopback.store, self._loopback.port
+            return super().next_rendezvous()
+
+        def shutdown(self) -> bool:
+            self._store = self._loopback = None
+            return True
+
+    handler = LoopbackRendezvous("127.0.0.1", 0, 0, 1, params.run_id, timeout=300)
+    handler._loopback = None
+    _HANDLERS[params.run_id] = handler
     return handler
-
-
 def _run_logs_class():
     from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 

@@ -48,9 +48,9 @@ def _install(run: dict) -> None:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     _run_path("ready", f"rank{rank}").write_text(str(os.getpid()))
     threading.Thread(target=_exit_with_parent, args=(run["parent_pid"],), daemon=True).start()
-    if run["master_port"] > 0:  # single node: keep gloo's own sockets on loopback too
+    if run["single_node"]:  # keep gloo's own sockets on loopback too
         os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
-        _respect_user_master_port(run["master_port"])
+        _respect_user_master_port(int(os.environ["MASTER_PORT"]))
 
 
 def _loopback_interface() -> str:
