@@ -4,57 +4,14 @@ import threading
 
 import pytest
 import torch
+from article_code import DEMO_BASIC, IMPORTS, SETUP_CLEANUP, TOY_MODEL
 from fake_kernel import as_main, run_cells
 
 from distlab import CaptureError
 from distlab.capture import capture, global_names, import_line, is_literal
 from distlab.script import render
 
-ARTICLE_CELLS = (
-    """
-    import os
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    import torch.optim as optim
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    """,
-    """
-    def setup(rank, world_size):
-        os.environ['MASTER_ADDR'] = 'localhost'
-        os.environ['MASTER_PORT'] = '12355'
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-    def cleanup():
-        dist.destroy_process_group()
-    """,
-    """
-    class ToyModel(nn.Module):
-        def __init__(self):
-            super(ToyModel, self).__init__()
-            self.net1 = nn.Linear(10, 10)
-            self.relu = nn.ReLU()
-            self.net2 = nn.Linear(10, 5)
-
-        def forward(self, x):
-            return self.net2(self.relu(self.net1(x)))
-    """,
-    """
-    def demo_basic(rank, world_size):
-        print(f"Running basic DDP example on rank {rank}.")
-        setup(rank, world_size)
-        model = ToyModel()
-        ddp_model = DDP(model)
-        loss_fn = nn.MSELoss()
-        optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-        optimizer.zero_grad()
-        outputs = ddp_model(torch.randn(20, 10))
-        labels = torch.randn(20, 5)
-        loss_fn(outputs, labels).backward()
-        optimizer.step()
-        cleanup()
-    """,
-)
+ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
 
 
 def test_class_source_is_unavailable_to_inspect_as_in_a_kernel():
