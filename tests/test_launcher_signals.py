@@ -59,8 +59,9 @@ def test_interrupt_stops_workers_and_the_next_launch_works(tmp_path):
     assert (run_dir / "sleeper.py").exists() and "sleeping" in (run_dir / "logs/attempt0/rank1.out").read_text()
 
 
-def test_killed_kernel_leaves_no_orphans(tmp_path):
+def test_killed_kernel_leaves_no_orphans_even_stopped_ones(tmp_path):
     proc, pids = start_driver(tmp_path)
+    os.kill(pids[0], signal.SIGSTOP)  # a stopped worker cannot run any watchdog of its own
     proc.kill()
     proc.wait()
     deadline = time.time() + 5

@@ -34,6 +34,7 @@ def stop_workers(run_id: str, grace_s: float = 2.0) -> int:
     procs = our_workers(run_id)
     for p in procs:
         _signal(p, signal.SIGTERM)
+        _signal(p, signal.SIGCONT)  # a stopped worker acts on SIGTERM only once continued
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         _signal(p, signal.SIGKILL)

@@ -47,7 +47,7 @@ def _install(run: dict) -> None:
     stacks = open(_run_path("stacks", f"rank{rank}.txt"), "w")  # kept open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     _run_path("ready", f"rank{rank}").write_text(str(os.getpid()))
-    threading.Thread(target=_exit_with_parent, args=(run["parent_pid"],), daemon=True).start()
+    _die_with_parent(run["parent_pid"])
     if run["single_node"]:  # keep gloo's own sockets on loopback too
         os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
         _respect_user_master_port(int(os.environ["MASTER_PORT"]))
@@ -62,8 +62,26 @@ def _loopback_interface() -> str:
     return "lo"
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """A killed kernel cannot stop its workers, so each worker is tied to its parent's life.
+
+    On Linux the kernel delivers SIGKILL when the parent goes (works even on a stopped or hung
+    worker); everywhere a watchdog thread also notices being re-parented and exits.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(ORPHAN_EXIT_CODE)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
 def _exit_with_parent(parent_pid: int) -> None:
-    """A killed kernel cannot stop its workers, so each worker notices and leaves by itself."""
+    """The portable half of _die_with_parent: leave once re-parented (the parent is gone)."""
     while os.getppid() == parent_pid:
         time.sleep(0.25)
     print(f"distlab: rank {rank_from_env()}: launcher process {parent_pid} is gone, exiting.", file=sys.stderr)
