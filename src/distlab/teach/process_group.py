@@ -1,0 +1,121 @@
+"""Chapter 2: setting up and tearing down the process group.
+
+Helpers the chapter's cells and workers call: a free port, who listens on a port (to see that
+``TCPStore`` listens on every interface while distlab's own store listens on loopback only), the
+backends this PyTorch build has, and the exercises' self-checks.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+ANY = frozenset({"0.0.0.0", "::"})
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now: bind port 0, let the OS choose, close.
+
+    Between closing and the rank-0 store binding it someone else could take it (a small race);
+    distlab avoids even that by keeping its store's socket open for the whole run.
+    """
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a store could bind ``port`` on every interface now (as ``TCPStore`` does, with SO_REUSEADDR)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for_free_port(port: int, timeout: float = 60.0, poll: float = 0.5) -> float:
+    """Wait until ``port`` is free (another run of a hard-coded port may hold it); return seconds waited.
+
+    Raises ``TimeoutError`` naming the port, so a chapter fails with the reason rather than with
+    ``EADDRINUSE`` in a worker.
+    """
+    start = time.monotonic()
+    while not port_is_free(port):
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"port {port} stayed in use for {timeout:.0f}s: another program listens on it "
+                               f"(see who with listening_addresses / psutil.net_connections)")
+        time.sleep(poll)
+    return time.monotonic() - start
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses on which some process on this machine listens for TCP on ``port``."""
+    import psutil
+
+    found = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            found.add(conn.laddr.ip)
+    return found
+
+
+def reach(addresses) -> str:
+    """``"all interfaces"`` when any address is a wildcard, ``"loopback only"`` when all are
+    loopback, else ``"specific interfaces"`` (and ``"nobody"`` for an empty set)."""
+    addresses = {_plain(a) for a in addresses}
+    if not addresses:
+        return "nobody"
+    if addresses & ANY:
+        return "all interfaces"
+    if addresses <= LOOPBACK:
+        return "loopback only"
+    return "specific interfaces"
+
+
+def _plain(address: str) -> str:
+    """``::ffff:127.0.0.1`` (an IPv4 address on an IPv6 socket) -> ``127.0.0.1``; drops ``%scope``."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
+def backends_available() -> dict[str, bool]:
+    """Which communication backends this PyTorch build can use."""
+    import torch.distributed as dist
+
+    return {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()}
+
+
+# --- exercise self-checks ----------------------------------------------------------------------
+
+NO_PORT_INIT_METHODS = frozenset({"file://", "filestore"})
+INIT_CHOICES = ("env://", "tcp://", "file://", "tcpstore", "filestore")
+
+
+def check_no_port_needed(answer) -> None:
+    """Exercise 1: which of ``INIT_CHOICES`` need no TCP port at all (so cannot clash on one)?"""
+    chosen = {str(a).strip().lower() for a in answer}
+    if unknown := chosen - set(INIT_CHOICES):
+        raise AssertionError(f"{sorted(unknown)} is not one of the choices {INIT_CHOICES}.")
+    if chosen == NO_PORT_INIT_METHODS:
+        print("correct: file:// and a FileStore rendezvous through a file every rank can open "
+              "(a shared file system across machines); the others need a TCP port on the master.")
+        return
+    if chosen - NO_PORT_INIT_METHODS:
+        raise AssertionError(f"{sorted(chosen - NO_PORT_INIT_METHODS)} open a TCP port on the master (rank 0).")
+    raise AssertionError(f"Also {sorted(NO_PORT_INIT_METHODS - chosen)}: look at what the rendezvous is stored in.")
+
+
+def check_store_counter(value, world_size: int, adds_per_rank: int) -> None:
+    """Exercise 2: after every rank called ``store.add("count", adds_per_rank)``, what does
+    ``store.add("count", 0)`` return?"""
+    expected = world_size * adds_per_rank
+    if value == expected:
+        print(f"correct: add is atomic on the store's server, so {world_size} ranks x {adds_per_rank} = {expected}.")
+        return
+    raise AssertionError(f"{value!r} is not it: every rank's add goes to the same key on the one store "
+                         "server, which adds atomically; nothing is lost and nothing is per-rank.")

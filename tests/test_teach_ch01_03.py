@@ -1,0 +1,211 @@
+"""Teaching helpers of chapters 1-3 (DP vs DDP, process-group setup, ToyModel): no processes launched,
+except the process pool of the GIL experiment."""
+import socket
+from datetime import timedelta
+
+import matplotlib
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distlab.teach import dp_vs_ddp as ch1
+from distlab.teach import process_group as ch2
+from distlab.teach import toy as ch3
+from distlab.teach.models import ToyModel
+
+matplotlib.use("Agg")
+
+
+# --- chapter 1 ----------------------------------------------------------------------------------
+
+def test_spin_is_the_sum_of_squares():
+    assert ch1.spin(5) == 0 + 1 + 4 + 9 + 16
+    assert ch1.spin_cpu_seconds(200_000) > 0
+
+
+def test_threads_never_keep_more_than_one_core_busy():
+    pool = ch1.make_pool("threads", 2)
+    try:
+        wall, cores = ch1.time_pool("threads", 2, 300_000, pool)
+    finally:
+        pool.shutdown()
+    assert wall > 0 and cores <= 1.1
+
+
+def test_gil_experiment_reports_every_kind():
+    results = ch1.gil_experiment(iterations=50_000, workers=2, rounds=1)
+    assert set(results) == set(ch1.KINDS)
+    assert all(r["wall"] > 0 and r["cores"] > 0 for r in results.values())
+    assert results["threads"]["cores"] <= 1.1
+    assert ch1.speedups(results)["serial"] == 1.0
+
+
+def test_speedups_divide_serial_by_each_kind():
+    got = ch1.speedups({"serial": {"wall": 2.0}, "threads": {"wall": 2.0}, "processes": {"wall": 1.0}})
+    assert got == {"serial": 1.0, "threads": 1.0, "processes": 2.0}
+
+
+def test_data_parallel_cpu_matches_the_module_forward_and_backward():
+    torch.manual_seed(0)
+    model, x, y = ToyModel(), torch.randn(8, 10), torch.randn(8, 5)
+    F.mse_loss(ch1.data_parallel_cpu(model, x, replicas=4), y).backward()
+    dp_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    reference = ch1.full_batch_grads(model, x, y)
+    assert torch.allclose(ch1.data_parallel_cpu(model, x, 3), model(x), atol=1e-6)
+    assert ch3.max_abs_diff(dp_grads, reference) < 1e-6
+
+
+def test_shard_splits_evenly_and_refuses_uneven_batches():
+    t = torch.arange(8)
+    assert ch1.shard(t, 1, 2).tolist() == [4, 5, 6, 7]
+    assert torch.cat([ch1.shard(t, r, 4) for r in range(4)]).tolist() == t.tolist()
+    with pytest.raises(ValueError, match="evenly"):
+        ch1.shard(torch.arange(7), 0, 2)
+
+
+def test_averaged_shard_gradients_equal_the_full_batch_gradient():
+    torch.manual_seed(1)
+    model, x, y = ToyModel(), torch.randn(8, 10), torch.randn(8, 5)
+    reference = ch1.full_batch_grads(model, x, y)
+    assert ch3.max_abs_diff(ch1.simulated_ddp_grads(model, x, y, 2), reference) < 1e-6
+    assert ch3.max_abs_diff(ch1.full_batch_grads(model, x[:4], y[:4]), reference) > 1e-3
+    summed = ch1.simulated_ddp_grads(model, x, y, 2, reduction="sum")
+    assert torch.allclose(summed["net2.bias"], 20 * reference["net2.bias"], rtol=1e-4)
+
+
+def test_time_steps_reports_milliseconds_per_call():
+    calls = []
+    ms = ch1.time_steps(lambda: calls.append(1), steps=5, warmup=2)
+    assert len(calls) == 7 and ms >= 0
+
+
+def test_check_sum_loss_factor(capsys):
+    ch1.check_sum_loss_factor(20)
+    assert capsys.readouterr().out.startswith("correct")
+    with pytest.raises(AssertionError, match="every element"):
+        ch1.check_sum_loss_factor(4)
+    with pytest.raises(AssertionError, match="averages over ranks"):
+        ch1.check_sum_loss_factor(40)
+    with pytest.raises(AssertionError, match="is not it"):
+        ch1.check_sum_loss_factor(1)
+
+
+def test_check_dp_every_step(capsys):
+    ch1.check_dp_every_step(["Scatter", "replicate", "gather"])
+    assert capsys.readouterr().out.startswith("correct")
+    with pytest.raises(AssertionError, match="all_reduce is DDP's"):
+        ch1.check_dp_every_step({"scatter", "replicate", "gather", "all_reduce"})
+    with pytest.raises(AssertionError, match="also does"):
+        ch1.check_dp_every_step({"scatter"})
+    with pytest.raises(AssertionError, match="not one of the choices"):
+        ch1.check_dp_every_step({"broadcast"})
+
+
+# --- chapter 2 ----------------------------------------------------------------------------------
+
+def test_free_port_is_free_and_a_listening_port_is_not():
+    port = ch2.free_port()
+    assert ch2.port_is_free(port)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not ch2.port_is_free(s.getsockname()[1])
+        assert ch2.listening_addresses(s.getsockname()[1]) == {"127.0.0.1"}
+        with pytest.raises(TimeoutError, match=str(s.getsockname()[1])):
+            ch2.wait_for_free_port(s.getsockname()[1], timeout=0.2, poll=0.05)
+    assert ch2.wait_for_free_port(port, timeout=1) < 1
+
+
+@pytest.mark.parametrize("addresses, expected", [
+    (set(), "nobody"), ({"0.0.0.0"}, "all interfaces"), ({"::"}, "all interfaces"),
+    ({"127.0.0.1"}, "loopback only"), ({"::1", "::ffff:127.0.0.1"}, "loopback only"),
+    ({"10.1.2.3"}, "specific interfaces"), ({"127.0.0.1", "::"}, "all interfaces"),
+])
+def test_reach(addresses, expected):
+    assert ch2.reach(addresses) == expected
+
+
+def test_tcpstore_listens_on_all_interfaces_even_for_a_loopback_host():
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=10))
+    assert ch2.reach(ch2.listening_addresses(store.port)) == "all interfaces"
+
+
+def test_a_store_given_a_loopback_socket_listens_on_loopback_only():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    store = torch.distributed.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=10), master_listen_fd=sock.detach())
+    store.set("k", "v")
+    assert ch2.reach(ch2.listening_addresses(port)) == "loopback only"
+
+
+def test_backends_available_has_gloo():
+    available = ch2.backends_available()
+    assert set(available) == {"gloo", "nccl", "mpi"} and available["gloo"] is True
+
+
+def test_exercise_checks_of_chapter_2(capsys):
+    ch2.check_no_port_needed({"file://", "FileStore"})
+    ch2.check_store_counter(6, world_size=2, adds_per_rank=3)
+    assert capsys.readouterr().out.count("correct") == 2
+    with pytest.raises(AssertionError, match="open a TCP port"):
+        ch2.check_no_port_needed({"file://", "filestore", "env://"})
+    with pytest.raises(AssertionError, match="Also"):
+        ch2.check_no_port_needed({"file://"})
+    with pytest.raises(AssertionError, match="not one of the choices"):
+        ch2.check_no_port_needed({"udp://"})
+    with pytest.raises(AssertionError, match="atomic"):
+        ch2.check_store_counter(3, world_size=2, adds_per_rank=3)
+
+
+# --- chapter 3 ----------------------------------------------------------------------------------
+
+def test_snapshot_is_a_copy():
+    model = ToyModel()
+    snap = ch3.snapshot(model)
+    with torch.no_grad():
+        model.net1.weight += 1
+    assert ch3.max_abs_diff(snap, ch3.snapshot(model)) == pytest.approx(1.0)
+
+
+def test_max_abs_diff_average_and_drift():
+    a, b = {"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 2.0])}
+    assert ch3.max_abs_diff(a, b) == 2.0
+    assert ch3.average([a, b])["w"].tolist() == [2.0, 2.0]
+    with pytest.raises(KeyError):
+        ch3.max_abs_diff(a, {"v": torch.zeros(2)})
+    assert ch3.drift({0: [a, a], 1: [a, b]}) == [0.0, 2.0]
+
+
+def test_check_diverged(capsys):
+    same = ch3.snapshot(ToyModel())
+    with pytest.raises(AssertionError, match="still identical"):
+        ch3.check_diverged({0: same, 1: same})
+    with pytest.raises(AssertionError, match="every rank"):
+        ch3.check_diverged({0: same, 1: None})
+    ch3.check_diverged({0: same, 1: ch3.snapshot(ToyModel())})
+    assert capsys.readouterr().out.startswith("correct")
+
+
+def test_check_why_identical(capsys):
+    ch3.check_why_identical(" B ")
+    assert capsys.readouterr().out.startswith("correct")
+    for wrong, hint in [("a", "once"), ("c", "different slice"), ("d", "backward"), ("z", "Choose one")]:
+        with pytest.raises(AssertionError, match=hint):
+            ch3.check_why_identical(wrong)
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+def test_plots_return_figures():
+    from distlab.plots import dp_vs_ddp as plots
+
+    results = {k: {"wall": 1.0, "cores": 0.9} for k in ch1.KINDS}
+    assert len(plots.plot_gil(results).axes) == 2
+    grads = ch3.snapshot(ToyModel())
+    assert len(plots.plot_grad_agreement(grads, {0: grads, 1: grads}).axes) == 1
+    fig = plots.plot_replica_drift([0.0, 0.0], [1e-4, 2e-4])
+    assert len(fig.axes[0].lines) == 2
