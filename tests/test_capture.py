@@ -137,3 +137,12 @@ def test_import_line(module, qualname, name, line):
 ])
 def test_is_literal(value, expected):
     assert is_literal(value) is expected
+
+
+def test_every_notebook_function_inside_a_global_dict_is_shipped(monkeypatch):
+    ns = run_cells("def f():\n    return 'f'\n", "def g():\n    return 'g'\n", "TABLE = {'f': f, 'g': g}\n",
+                   "def work(rank):\n    return TABLE['g']()\n")
+    as_main(monkeypatch, ns)
+    cap = capture(ns["work"])
+    assert [d.split("(")[0] for d in cap.definitions] == ["def f", "def g", "def work"]
+    assert list(cap.values) == ["TABLE"]

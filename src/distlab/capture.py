@@ -13,9 +13,9 @@ import builtins
 import dis
 import importlib
 import inspect
+import io
 import linecache
 import pickle
-import pickletools
 import re
 import textwrap
 import types
@@ -168,20 +168,22 @@ def ensure_picklable(value, what: str) -> bytes:
 
 
 def notebook_classes_in(value, ns: dict) -> list:
-    """Notebook classes/functions a pickled value refers to; the script defines them before loading it."""
-    main = ns.get("__name__", "__main__")
-    strings: list[str] = []
-    found = []
-    for op, arg, _ in pickletools.genops(ensure_picklable(value, "an argument")):
-        if isinstance(arg, str):
-            strings.append(arg)
-        names = None
-        if op.name == "STACK_GLOBAL" and len(strings) >= 2:
-            names = strings[-2], strings[-1]
-        elif op.name == "GLOBAL":
-            names = tuple(arg.split(" ", 1))
-        if names and names[0] == main and is_notebook_object(ns.get(names[1]), ns):
-            found.append(ns[names[1]])
+    """Notebook classes/functions a pickled value refers to; the script defines them before loading it.
+
+    A pickler hook sees every object pickled by reference (pickle memoises the module name, so
+    scanning the bytes for ``__main__`` would miss all but the first reference).
+    """
+    found: list = []
+
+    class Finder(pickle.Pickler):
+        def reducer_override(self, obj):
+            for candidate in (obj, type(obj)):
+                if is_notebook_object(candidate, ns) and all(candidate is not f for f in found):
+                    found.append(candidate)
+            return NotImplemented
+
+    ensure_picklable(value, "an argument")
+    Finder(io.BytesIO()).dump(value)
     return found
 
 

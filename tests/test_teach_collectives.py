@@ -1,0 +1,219 @@
+"""Chapter 5's references, ring, bandwidth math, checks and plots.
+
+Pure tests need no processes; the ``slow`` ones launch real ranks (once per world size, kept few).
+"""
+import pytest
+import torch
+
+import distlab
+from distlab.plots.collectives import plot_bandwidth, plot_collective, plot_states, plot_timeline
+from distlab.teach import collectives as C
+
+T = torch.tensor
+
+
+def ranks(*rows):
+    return [T(r, dtype=torch.float32) for r in rows]
+
+
+# --- references -----------------------------------------------------------------------------------------
+
+def test_combine_every_op():
+    xs = ranks([1, 4], [2, 1], [3, 2])
+    assert C.combine(xs, "SUM").tolist() == [6, 7]
+    assert C.combine(xs, "product").tolist() == [6, 8]
+    assert C.combine(xs, "MIN").tolist() == [1, 1]
+    assert C.combine(xs, "MAX").tolist() == [3, 4]
+    assert C.combine(xs, "AVG").tolist() == pytest.approx([2, 7 / 3])
+
+
+def test_op_name_accepts_reduce_ops_and_rejects_unknown_ones():
+    import torch.distributed as dist
+
+    assert C.op_name(dist.ReduceOp.PRODUCT) == "PRODUCT" and C.op_name("avg") == "AVG"
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        C.op_name("BXOR")
+
+
+def test_rooted_references_give_results_only_on_the_root():
+    xs = ranks([1, 2], [11, 12], [21, 22])
+    assert [t.tolist() for t in C.ref_broadcast(xs, src=1)] == [[11, 12]] * 3
+    gathered = C.ref_gather(xs, dst=2)
+    assert gathered[0] is None and gathered[1] is None and [t.tolist() for t in gathered[2]] == [[1, 2], [11, 12],
+                                                                                                   [21, 22]]
+    reduced = C.ref_reduce(xs, dst=0)
+    assert reduced[0].tolist() == [33, 36] and reduced[1] is None and reduced[2] is None
+    scattered = C.ref_scatter([list(ranks([0], [1], [2])), None, None], src=0)
+    assert [t.tolist() for t in scattered] == [[0], [1], [2]]
+
+
+def test_all_references_and_transposes():
+    xs = ranks([1, 2], [10, 20])
+    assert [t.tolist() for t in C.ref_all_reduce(xs, "MAX")] == [[10, 20], [10, 20]]
+    assert [[p.tolist() for p in r] for r in C.ref_all_gather(xs)] == [[[1, 2], [10, 20]]] * 2
+    pieces = [ranks([0], [1], [2]), ranks([10], [11], [12]), ranks([20], [21], [22])]
+    assert [t.tolist() for t in C.ref_reduce_scatter(pieces)] == [[30], [33], [36]]
+    assert [[p.item() for p in r] for r in C.ref_all_to_all(pieces)] == [[0, 10, 20], [1, 11, 21], [2, 12, 22]]
+    assert [t.tolist() for t in C.ref_barrier(xs)] == [[1, 2], [10, 20]]
+
+
+def test_group_reference_leaves_outsiders_alone():
+    xs = ranks([1], [2], [3], [4])
+    assert [t.item() for t in C.ref_group_all_reduce(xs, ranks=[0, 2])] == [4, 2, 4, 4]
+
+
+def test_references_do_not_alias_their_inputs():
+    xs = ranks([1, 2], [3, 4])
+    out = C.ref_broadcast(xs)
+    out[1].fill_(0)
+    assert xs[0].tolist() == [1, 2]
+
+
+def test_check_against_reference_passes_skips_undefined_and_names_the_wrong_rank():
+    xs = ranks([1], [2])
+    C.check_against_reference("reduce", xs, [T([3.0]), T([99.0])], dst=0)  # rank 1 is undefined: not compared
+    with pytest.raises(AssertionError, match="all_reduce: rank 1 ended with"):
+        C.check_against_reference("all_reduce", xs, [T([3.0]), T([2.0])])
+    with pytest.raises(AssertionError, match="ranks reported"):
+        C.check_against_reference("all_reduce", xs, [T([3.0])])
+
+
+def test_same_compares_structure():
+    assert C.same([T([1.0])], [T([1.0])]) and C.same(None, None)
+    assert not C.same(T([1.0]), None) and not C.same([T([1.0])], T([1.0])) and not C.same(T([1.0, 2.0]), T([1.0]))
+
+
+def test_per_rank_and_defined_only():
+    returns = {1: {"x": ("b1", "a1")}, 0: {"x": ("b0", "a0")}}
+    assert C.per_rank(returns, "x") == (["b0", "b1"], ["a0", "a1"])
+    assert C.defined_only(["a0", "a1"], [T([1.0]), None]) == ["a0", None]
+
+
+# --- ring geometry, bandwidth, inputs --------------------------------------------------------------------
+
+def test_ring_segments_match_tensor_split():
+    assert C.ring_segments(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert C.ring_segments(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert C.ring_segments(1, 2) == [(0, 1), (1, 1)]
+
+
+def test_add_on_this_thread_adds_every_element():
+    dst, src = torch.zeros(C.SERIAL_NUMEL * 3 + 5), torch.arange(C.SERIAL_NUMEL * 3 + 5.0)
+    C.add_on_this_thread(dst, src)
+    assert torch.equal(dst, src)
+
+
+def test_bandwidth_definitions():
+    assert C.algbw(1e9, 0.5) == 2e9
+    assert C.busbw(1e9, 0.5, 2) == 2e9  # n=2: 2(n-1)/n = 1
+    assert C.busbw(1e9, 0.5, 4) == pytest.approx(3e9)
+    assert C.busbw(1e9, 1.0, 8) == pytest.approx(1.75e9)
+
+
+def test_bench_expected_is_the_sum_of_bench_inputs():
+    for n in (2, 3, 4):
+        assert torch.equal(sum(C.bench_input(1000, r) for r in range(n)), C.bench_expected(1000, n))
+
+
+def test_memcpy_bandwidth_is_positive_and_restores_threads():
+    threads = torch.get_num_threads()
+    assert C.memcpy_bandwidth(1 << 16, repeats=2) > 0
+    assert torch.get_num_threads() == threads
+
+
+# --- tables and exercise checks ------------------------------------------------------------------------------
+
+def test_support_tables_show_measurements_and_docs():
+    table = C.support_table({name: None for name in C.TABLE_ROWS} | {"all_to_all": "RuntimeError: no"}, "gloo")
+    assert "<tr><td><code>broadcast</code></td><td>✓</td><td>✓</td><td>✓</td></tr>" in table
+    assert "<td><code>all_to_all</code></td><td>✘ <code>RuntimeError: no</code></td>" in table
+    assert table.startswith("<table>") and "<th>measured here (gloo)</th>" in table
+    ops = C.ops_table({"SUM": None, "AVG": None}, "gloo")
+    assert "<td><code>AVG</code></td><td>✓</td><td>✘ (NCCL only)</td><td>✓ (NCCL ≥ 2.10)</td>" in ops
+    assert "<td><code>MIN</code></td><td>✘ <code>not run</code></td>" in ops
+    assert "&lt;" in C.support_table({"gather": "bad <op>"}, "gloo")  # errors are escaped
+
+
+def test_exercise_checks_accept_right_answers(capsys):
+    C.check_reduce_scatter([111, 222, 333])
+    C.check_ring_bytes(2 * 7 / 8 * 64 * 2**20)
+    C.check_bandwidth(6.71, 11.74)
+    C.check_which_collective(dict(C.SCENARIOS))
+    assert capsys.readouterr().out.count("correct") == 4
+
+
+def test_exercise_checks_reject_wrong_answers_with_hints():
+    with pytest.raises(AssertionError, match="piece i"):
+        C.check_reduce_scatter([6, 60, 600])
+    with pytest.raises(AssertionError, match="one value per rank"):
+        C.check_reduce_scatter([111])
+    with pytest.raises(AssertionError, match="Count the steps"):
+        C.check_ring_bytes(64 * 2**20)
+    with pytest.raises(AssertionError, match="busbw"):
+        C.check_bandwidth(6.71, 6.71)
+    with pytest.raises(AssertionError, match="Who has the data"):
+        C.check_which_collective({})
+
+
+# --- plots ---------------------------------------------------------------------------------------------------
+
+def _boxes(ax):
+    from matplotlib.patches import Rectangle
+
+    return [p for p in ax.patches if isinstance(p, Rectangle)]
+
+
+def test_plot_collective_draws_one_box_per_value_and_hatches_missing_ranks():
+    before = ranks([1, 2], [11, 12], [21, 22])
+    fig = plot_collective(before, C.ref_gather(before), title="gather")
+    left, right = fig.axes[:2]
+    assert len(_boxes(left)) == 6
+    assert len(_boxes(right)) == 6 + 2  # rank 0's list of three tensors, two hatched ranks
+    assert sum(bool(p.get_hatch()) for p in _boxes(right)) == 2
+    assert fig._suptitle.get_text() == "gather"
+
+
+def test_plot_states_outlines_highlighted_ranges():
+    xs = ranks([1, 2, 3, 4], [5, 6, 7, 8])
+    fig = plot_states({"a": xs, "b": xs}, highlight={"b": [(0, 1, 3)]})
+    assert len(fig.axes) == 2 and len(_boxes(fig.axes[1])) == len(_boxes(fig.axes[0])) + 1
+
+
+def test_timeline_and_bandwidth_plots():
+    fig = plot_timeline({0: [("work", 0.0, 0.1), ("wait in recv", 0.1, 0.2)], 1: [("wait in recv", 0.0, 0.2)]})
+    assert fig.axes[0].get_xlabel().startswith("time")
+    rows = [{"impl": i, "ranks": 2, "bytes": b, "busbw": 1e8 * b / 4096}
+            for i in ("gloo", "ring") for b in (4096, 8192)]
+    fig = plot_bandwidth(rows, {4096: 1e10})
+    assert len(fig.axes[0].lines) == 3
+
+
+# --- on real ranks (slow): the ring equals dist.all_reduce --------------------------------------------------------
+
+def ring_versus_all_reduce(rank, world_size):
+    import torch.distributed as dist
+
+    from distlab.teach.collectives import measure_all_reduce, ring_all_reduce
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    equal = []
+    for numel, chunk_bytes in ((1, 8), (5, 8), (1003, 64), (70_001, 4096), (70_001, 1 << 20)):
+        x = torch.randint(-1000, 1000, (numel,), generator=torch.Generator().manual_seed(rank)).float()
+        ours, theirs = x.clone(), x.clone()
+        ring_all_reduce(ours, chunk_bytes=chunk_bytes)  # small chunks: uneven segments, many pieces
+        dist.all_reduce(theirs)
+        equal.append(torch.equal(ours, theirs))
+    rows = measure_all_reduce({"ring": ring_all_reduce}, [4096], target_s=0.01, reps=1) if world_size == 2 else []
+    dist.destroy_process_group()
+    return {"equal": equal, "rows": rows}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_all_reduce_equals_dist_all_reduce(world_size):
+    res = distlab.spawn(ring_versus_all_reduce, args=(world_size,), nprocs=world_size, timeout=120, view=None)
+    for rank in range(world_size):
+        assert all(res.returns[rank]["equal"]), f"rank {rank}: {res.returns[rank]['equal']}"
+    if world_size == 2:
+        (row,) = res.returns[0]["rows"]
+        assert row["impl"] == "ring" and row["bytes"] == 4096 and row["checked"] and row["busbw"] > 0
