@@ -234,3 +234,21 @@ def test_run_script_two_nodes_over_loopback_with_c10d_rendezvous(tmp_path):
     assert all(p.returncode == 0 for p in nodes), outs
     joined = "".join(outs)
     assert "rank 0 of 2 sum 3.0" in joined and "rank 1 of 2 sum 3.0" in joined
+
+
+def test_report_from_ranks_a_python_mode_script_spawns_itself(tmp_path):
+    script = tmp_path / "own_ranks.py"
+    script.write_text(
+        "import os, torch.distributed as dist, torch.multiprocessing as mp\n"
+        "import distlab\n"
+        "def work(rank):\n"
+        "    dist.init_process_group('gloo', rank=rank, world_size=2, init_method=os.environ['URL'])\n"
+        "    distlab.report(step=1, who=rank)\n"
+        "    dist.destroy_process_group()\n"
+        "if __name__ == '__main__':\n"
+        "    assert 'RANK' not in os.environ and 'MASTER_PORT' not in os.environ\n"
+        f"    os.environ['URL'] = 'file://{tmp_path}/rdzv'\n"
+        "    mp.spawn(work, nprocs=2)\n"
+    )
+    res = distlab.run_script(script, mode="python", view=None)
+    assert res.series("who", rank=0) == [0] and res.series("who", rank=1) == [1]

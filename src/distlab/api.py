@@ -34,11 +34,13 @@ def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join
 
 def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
                view="auto", max_restarts: int = 0, nnodes: int = 1, node_rank: int = 0,
-               rdzv_endpoint: str = "") -> RunResult:
+               rdzv_endpoint: str = "", rdzv_id: str = "distlab") -> RunResult:
     """Run a file as a terminal user would.
 
     ``mode="torchrun"``: like ``torchrun --nproc-per-node N path args`` (RANK etc. set per rank).
     ``mode="python"``: like ``python path args``: one process; the script starts its own ranks.
+    ``nnodes > 1``: this machine is node ``node_rank`` of a c10d rendezvous at ``rdzv_endpoint``
+    (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``).
     """
     path = Path(path)
     if not path.is_file():
@@ -57,7 +59,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
         run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
         target_args=[str(a) for a in args], timeout=config.check_timeout(timeout),
         max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-        plain_python=mode == "python",
+        plain_python=mode == "python", rdzv_id=rdzv_id,
     )
     return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
 

@@ -42,7 +42,13 @@ class Plan:
     rdzv_endpoint: str = ""
     script: Path | None = None
     plain_python: bool = False  # run TARGET like `python TARGET`: no torchrun variables
+    rdzv_id: str = "distlab"  # the c10d rendezvous id shared by all nodes (nnodes > 1)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def elastic_run_id(self) -> str:
+        """torchelastic's run id (TORCHELASTIC_RUN_ID in every worker): how distlab finds them."""
+        return self.run_id if self.nnodes == 1 else self.rdzv_id
 
     @property
     def world_size(self) -> int:
@@ -67,7 +73,7 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
                                     "single_node": plan.nnodes == 1, "run_id": plan.run_id,
                                     "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}))
-    watcher = watch.Watcher(plan.run_dir, plan.run_id, plan.world_size, view, plan.timeout)
+    watcher = watch.Watcher(plan.run_dir, plan.elastic_run_id, plan.world_size, view, plan.timeout)
     start = time.perf_counter()
     failure = interrupted = None
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -86,7 +92,7 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     finally:
         _restore_signals(saved)
         watcher.finish()
-        watch.stop_workers(plan.run_id)
+        watch.stop_workers(plan.elastic_run_id)
         handler = _HANDLERS.pop(plan.run_id, None)
         if handler is not None:
             handler.shutdown()
@@ -109,7 +115,7 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
         _register_loopback_backend()
     config = LaunchConfig(
         min_nodes=plan.nnodes, max_nodes=plan.nnodes, nproc_per_node=plan.nproc,
-        run_id=plan.run_id if local else "distlab",
+        run_id=plan.elastic_run_id,
         rdzv_backend=LOOPBACK_BACKEND if local else "c10d",
         rdzv_endpoint="" if local else plan.rdzv_endpoint,
         rdzv_configs={} if local else {"rank": plan.node_rank},

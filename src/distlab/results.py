@@ -65,10 +65,11 @@ def read_returns(run_dir: Path, world_size: int) -> dict[int, Any]:
 
 def collect(run_dir: Path, script: Path | None, world_size: int, wall_s: float, returns: bool = True) -> RunResult:
     ranks = range(world_size)
+    reporting = {int(p.stem[4:]) for p in (run_dir / "metrics").glob("rank*.jsonl")}  # a script's own ranks too
     return RunResult(
         run_dir=run_dir, script=script, world_size=world_size,
         returns=read_returns(run_dir, world_size) if returns else {},
         logs={r: read_logs(run_dir, r) for r in ranks},
-        metrics={r: read_metrics(run_dir, r) for r in ranks},
+        metrics={r: read_metrics(run_dir, r) for r in sorted(set(ranks) | reporting)},
         wall_s=wall_s,
     )

@@ -133,6 +133,7 @@ def bootstrap(argv: list[str]) -> None:
     """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``)."""
     run = json.loads(Path(argv[0]).read_text())
     _install(run)
+    os.environ["DISTLAB_RUN_DIR"] = run["run_dir"]  # for report() in processes this rank starts
     if run.get("plain_python"):
         _forget_torchrun_environment()
     target = argv[1]
@@ -243,14 +244,28 @@ def _spawned_rank(rank, fn, args, style, backend):
 
 
 def report(**metrics) -> None:
-    """Send numbers (loss, step, ...) from a worker to the notebook as data; a no-op elsewhere."""
+    """Send numbers (loss, step, ...) from a worker to the notebook as data; a no-op elsewhere.
+
+    Works in processes a distlab rank starts itself (``mp.spawn`` in a script run with
+    ``run_script(mode="python")``): they find the run folder in DISTLAB_RUN_DIR.
+    """
     global _METRICS
-    if _RUN is None:
+    run_dir = _RUN["run_dir"] if _RUN else os.environ.get("DISTLAB_RUN_DIR")
+    if not run_dir:
         return
+    rank = _current_rank()
     if _METRICS is None:
-        _METRICS = open(_run_path("metrics", f"rank{rank_from_env()}.jsonl"), "a", buffering=1)
-    row = {"rank": rank_from_env(), "time": time.time(), **metrics}
+        _METRICS = open(Path(run_dir, "metrics", f"rank{rank}.jsonl"), "a", buffering=1)
+    row = {"rank": rank, "time": time.time(), **metrics}
     _METRICS.write(json.dumps(row, default=_to_number) + "\n")
+
+
+def _current_rank() -> int:
+    """The process group's rank when one is up (true in mp.spawn children too), else RANK."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return rank_from_env()
 
 
 def _to_number(x):

@@ -1,0 +1,307 @@
+"""distlab.teach.training: the ddp_train.py script text, its helpers, the single-process reference,
+checkpoints, multi-node launch lines and the chapter's exercise checks.
+
+Everything except the last test runs in this process (no ranks are started).
+"""
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distlab.plots import training as P
+from distlab.teach import training as T
+
+
+@pytest.fixture
+def script(tmp_path):
+    return T.write_ddp_train(tmp_path)
+
+
+# --- the script -------------------------------------------------------------------------------
+
+def test_script_compiles_and_keeps_the_articles_program(script):
+    text = script.read_text()
+    compile(text, str(script), "exec")
+    for line in ["class SimpleModel(nn.Module):", "class DummyDataset(Dataset):", "sampler.set_epoch(epoch)",
+                 "criterion = nn.CrossEntropyLoss()", "optimizer = optim.SGD(model.parameters(), lr=0.01)",
+                 "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)",
+                 'print(f"Rank {rank}, Epoch {epoch}, Batch {batch_idx}, Loss: {loss.item()}"',
+                 "world_size = args.world_size or 2"]:
+        assert line in text, line
+    assert "'12355'" not in text and 'init_process_group("nccl"' not in text
+
+
+def test_script_contains_the_tested_helpers_verbatim(script):
+    names = runpy.run_path(str(script))  # not __main__: defines, does not train
+    for fn in T.SCRIPT_HELPERS:
+        assert fn.__name__ in names
+    assert names["LAUNCHER_VARS"] == T.LAUNCHER_VARS
+    assert "__HELPERS__" not in script.read_text()
+
+
+def test_script_defaults_are_the_articles(script):
+    args = runpy.run_path(str(script))["parse_args"]([])
+    assert (args.epochs, args.size, args.batch_size, args.seed, args.log_every) == (10, 10000, 32, 0, 100)
+    assert args.world_size is None and args.checkpoint == ""
+    small = runpy.run_path(str(script))["parse_args"](["--epochs", "2", "--size", "64", "--world-size", "1"])
+    assert (small.epochs, small.size, small.world_size) == (2, 64, 1)
+
+
+def test_script_is_lint_clean(script):
+    ruff = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
+    if not os.path.exists(ruff):
+        pytest.skip("ruff not installed")
+    out = subprocess.run([ruff, "check", "--isolated", "--line-length", "120", "--select", "E,F,W,I,B,UP",
+                          str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+# --- helpers copied into the script -----------------------------------------------------------
+
+def test_device_and_backend_on_cpu_is_gloo(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert T.device_and_backend(0, 2) == (torch.device("cpu"), "gloo")
+
+
+@pytest.mark.parametrize("gpus,local_rank,local_world,expected", [
+    (2, 1, 2, (torch.device("cuda", 1), "nccl")),
+    (1, 0, 1, (torch.device("cuda", 0), "nccl")),
+    (1, 1, 2, (torch.device("cpu"), "gloo")),     # fewer GPUs than local ranks: CPU for all
+])
+def test_device_and_backend_with_gpus(monkeypatch, gpus, local_rank, local_world, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert T.device_and_backend(local_rank, local_world) == expected
+
+
+def test_free_port_can_be_bound():
+    import socket
+
+    port = T.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    assert 0 < port < 65536
+
+
+def test_own_rendezvous_keeps_a_user_port(monkeypatch):
+    for name in T.LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    T.use_own_rendezvous()
+    assert os.environ["MASTER_PORT"] == "23456" and os.environ["MASTER_ADDR"] == "localhost"
+
+
+def test_own_rendezvous_drops_a_launchers_variables(monkeypatch):
+    launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "1", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
+    T.use_own_rendezvous()
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE"):
+        assert name not in os.environ
+    assert os.environ["MASTER_PORT"] != "1" and os.environ["MASTER_ADDR"] == "localhost"
+
+
+def test_save_checkpoint_round_trip_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    T.save_checkpoint({"epoch": 3, "w": torch.arange(4.0)}, path)
+    T.save_checkpoint({"epoch": 4, "w": torch.arange(5.0)}, path)
+    state = T.load_checkpoint(path, torch.device("cpu"))
+    assert state["epoch"] == 4 and torch.equal(state["w"], torch.arange(5.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_a_save_that_dies_half_way_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    T.save_checkpoint({"epoch": 1}, path)
+
+    def dies_half_way(obj, f):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # e.g. the job is killed mid-save
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        T.save_checkpoint({"epoch": 2}, path)
+    monkeypatch.undo()
+    assert T.load_checkpoint(path, "cpu")["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_in_place_save_in_progress_is_unreadable_atomic_is_not(tmp_path):
+    path = tmp_path / "shared.pt"
+    state = {"w": torch.zeros(10_000)}
+    torch.save(state, path)
+    T.save_in_progress(state, path, atomic=True)
+    assert T.try_load(path) == "complete"
+    T.save_in_progress(state, path, atomic=False)
+    assert T.try_load(path) != "complete"
+
+
+def test_parameter_checksum():
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(1.5)
+        model.bias.fill_(-0.5)
+    assert T.parameter_checksum(model) == 2.5
+
+
+# --- the reference ----------------------------------------------------------------------------
+
+def test_global_batches_cover_each_epoch_in_rank_order():
+    batches = T.global_batches(size=64, batch_size=8, world_size=2, epoch=1)
+    assert len(batches) == 4 and all(len(b) == 16 for b in batches)
+    assert sorted(i for b in batches for i in b) == list(range(64))
+    shard0 = T.rank_indices(64, 2, 0, epoch=1)
+    assert batches[0][:8] == shard0[:8] and batches[1][:8] == shard0[8:16]
+    assert batches != T.global_batches(size=64, batch_size=8, world_size=2, epoch=0)
+
+
+def test_steps_per_epoch():
+    assert T.steps_per_epoch(10000, 32, 2) == 157
+    assert T.steps_per_epoch(1024, 32, 2) == 16
+    assert T.steps_per_epoch(10001, 32, 2) == 157  # 5001 samples per rank: the last batch has 9
+    assert T.steps_per_epoch(10, 4, 3) == 1
+
+
+def test_reference_equals_two_simulated_ddp_ranks():
+    """The claim of the chapter, without processes: per-rank mean gradients, averaged (what DDP's
+    all-reduce does), give the reference's parameters."""
+    size, batch, world, epochs = 128, 8, 2, 2
+    with T.one_thread():
+        model = simulate_two_ranks(size, batch, world, epochs)
+    ref = T.reference_train(size, batch, world, epochs)
+    assert T.max_abs_difference(model.state_dict(), ref["model"]) < 1e-6
+    assert len(ref["losses"]) == epochs * T.steps_per_epoch(size, batch, world)
+    wrong = T.reference_train(size, batch, 1, epochs)
+    assert T.max_abs_difference(model.state_dict(), wrong["model"]) > 1e-4
+
+
+def simulate_two_ranks(size, batch, world, epochs):
+    from distlab.teach.models import DummyDataset, SimpleModel
+
+    torch.manual_seed(0)
+    model, data = SimpleModel(), DummyDataset(size)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for epoch in range(epochs):
+        shards = [T.rank_indices(size, world, r, epoch) for r in range(world)]
+        for b in range(0, len(shards[0]), batch):
+            grads = []
+            for shard in shards:
+                model.zero_grad()
+                idx = shard[b:b + batch]
+                loss_fn(model(data.data[idx]), data.targets[idx]).backward()
+                grads.append([p.grad.clone() for p in model.parameters()])
+            for p, *gs in zip(model.parameters(), *grads, strict=True):
+                p.grad = sum(gs) / world
+            opt.step()
+    return model
+
+
+def test_reference_restores_thread_count():
+    before = torch.get_num_threads()
+    T.reference_train(32, 8, 2, 1)
+    assert torch.get_num_threads() == before
+
+
+def test_states_equal_and_difference():
+    a = {"w": torch.ones(3)}
+    assert T.states_equal(a, {"w": torch.ones(3)})
+    assert not T.states_equal(a, {"w": torch.ones(3) + 1e-7})
+    assert T.max_abs_difference(a, {"w": torch.tensor([1.0, 1.5, 1.0])}) == 0.5
+
+
+def test_log_and_metric_parsing():
+    log = "Rank 1, samples/s: 10\nRank 1, parameter checksum: -4.5000000000\nRank 0, parameter checksum: 2.25\n"
+    assert T.checksums_in(log) == {1: -4.5, 0: 2.25}
+    rows = [{"epoch": 2, "batch": 0, "loss": 0.5, "step": 1}, {"samples_per_s": 3.0}]
+    assert T.losses_by_epoch_step(rows) == {(2, 0): 0.5}
+
+
+def test_step_time_quantiles_and_samples_per_s():
+    from distlab.results import RunResult
+
+    rows = [{"step": i, "step_time": t} for i, t in enumerate([0.5, 0.1, 0.3, 0.2, 9.0])]
+    res = RunResult(run_dir=None, script=None, world_size=1, metrics={0: rows + [{"samples_per_s": 123.0}]})
+    assert T.step_time(res, 0.0) == 0.1 and T.step_time(res, 0.5) == 0.3 and T.step_time(res, 1.0) == 9.0
+    assert T.samples_per_s(res) == 123.0
+
+
+# --- multi-node -------------------------------------------------------------------------------
+
+def test_torchrun_commands_differ_only_in_node_rank():
+    cmds = T.torchrun_commands(3, 4, "head:29400", script_args=["--epochs", 5])
+    assert len(cmds) == 3
+    for k, cmd in enumerate(cmds):
+        assert cmd == cmds[0].replace("--node-rank 0", f"--node-rank {k}")
+    assert cmds[0].startswith("torchrun --nnodes 3 --node-rank 0 --nproc-per-node 4 --rdzv-backend c10d "
+                              "--rdzv-endpoint head:29400")
+    assert cmds[0].endswith("ddp_train.py --epochs 5")
+
+
+def test_slurm_script_is_valid_bash():
+    text = T.slurm_script(nodes=4, gpus_per_node=8, script_args=["--epochs", 3])
+    for line in ["#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=1",
+                 "--nproc-per-node 8", "--rdzv-backend c10d", "ddp_train.py --epochs 3"]:
+        assert line in text
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+# --- exercise checks --------------------------------------------------------------------------
+
+def test_checks_accept_right_answers_and_wait_for_none(capsys):
+    assert T.check_global_batch(None) is False
+    assert T.check_global_batch(64) is True
+    assert T.check_steps_per_epoch(157) is True
+    assert T.check_node_command("torchrun --nnodes 2 --node-rank 1 --nproc-per-node 4 --rdzv-backend c10d "
+                                "--rdzv-endpoint gpu-node-0:29400 ddp_train.py") is True
+    assert T.check_node_command("torchrun --nproc_per_node=4 --nnodes=2 --rdzv-endpoint=gpu-node-0:29400 "
+                                "--rdzv-backend=c10d ddp_train.py --epochs 3") is True
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check,answer,hint", [
+    (T.check_global_batch, 32, "DDP averages"),
+    (T.check_steps_per_epoch, 313, "ceil(10000/2)"),
+    (T.check_node_command, "torchrun --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-backend c10d "
+                           "--rdzv-endpoint gpu-node-0:29400 ddp_train.py", "--nproc-per-node"),
+    (T.check_node_command, "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-backend c10d "
+                           "--rdzv-endpoint gpu-node-0:29400 ddp_train.py", "node 1"),
+])
+def test_checks_reject_wrong_answers_with_a_hint(check, answer, hint):
+    with pytest.raises(AssertionError, match=hint.replace("(", r"\(").replace(")", r"\)")):
+        check(answer)
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+def test_plots_draw_what_they_say():
+    fig = P.loss_curves({0: [0.7, 0.69], 1: [0.71, 0.68]}, reference=[0.705, 0.685])
+    assert len(fig.axes[0].lines) == 3
+    fig = P.throughput({1: 100.0, 2: 150.0})
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == [100.0, 150.0, 100.0, 200.0]
+
+
+# --- the script, run as a user would (processes) ----------------------------------------------
+
+@pytest.mark.slow
+def test_plain_python_run_trains_like_the_reference(script, tmp_path):
+    """`python ddp_train.py` outside distlab: mp.spawn starts 2 ranks; both end at the reference."""
+    ckpt = tmp_path / "ckpt.pt"
+    env = {k: v for k, v in os.environ.items() if k not in T.LAUNCHER_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.run([sys.executable, str(script), "--epochs", "2", "--size", "128", "--batch-size", "16",
+                          "--checkpoint", str(ckpt)], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    sums = T.checksums_in(out.stdout)
+    assert sums.keys() == {0, 1} and sums[0] == sums[1]
+    ref = T.reference_train(128, 16, 2, 2)
+    state = torch.load(ckpt, weights_only=True)
+    assert state["epoch"] == 2 and T.max_abs_difference(state["model"], ref["model"]) < 1e-6
