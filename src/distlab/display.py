@@ -27,9 +27,9 @@ class TextView:
             from tqdm import tqdm
 
             self._bar = tqdm(total=int(row["total"]), desc="rank0", file=sys.stderr, leave=True, mininterval=0.5)
-        self._bar.n = int(row["step"])
         shown = {k: v for k, v in row.items() if k not in ("rank", "time", "step", "total")}
-        self._bar.set_postfix(shown, refresh=True)
+        self._bar.set_postfix(shown, refresh=False)
+        self._bar.update(int(row["step"]) - self._bar.n)  # redraws at most every mininterval
 
     def close(self) -> None:
         if self._bar is not None:
