@@ -7,7 +7,7 @@ that has already imported torch, as a kernel has.
     torchrun  `torchrun --nproc-per-node 2 job_env.py` (whole process)
 
 distlab and bare alternate, and medians are reported. Last line: `ratio: X` = distlab / bare.
-Usage: python bench/launch_latency.py [--repeats 7] [--no-scripts]
+Usage: python bench/launch_latency.py [--repeats 7] [--no-scripts] [--quick]
 """
 import argparse
 import os
@@ -81,12 +81,13 @@ def time_command(cmd: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def measure(repeats: int, scripts: bool, folder: Path) -> dict[str, list[float]]:
+def measure(repeats: int, scripts: bool, folder: Path, warm_up: bool = True) -> dict[str, list[float]]:
     env_script, mp_script = folder / "job_env.py", folder / "job_mp.py"
     env_script.write_text(JOB_ENV)
     mp_script.write_text(JOB_MP)
     times: dict[str, list[float]] = {"distlab": [], "bare": []}
-    time_distlab(), time_bare(env_script)  # warm-up: file caches, first-run costs
+    if warm_up:
+        time_distlab(), time_bare(env_script)  # file caches, first-run costs
     for i in range(repeats):
         order = [("distlab", time_distlab), ("bare", lambda: time_bare(env_script))]
         for name, fn in order if i % 2 == 0 else order[::-1]:
@@ -103,9 +104,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-scripts", action="store_true", help="skip the mp.spawn and torchrun whole-process runs")
+    parser.add_argument("--quick", action="store_true", help="one run of each launcher, no warm-up (for the book)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        times = measure(args.repeats, not args.no_scripts, Path(folder))
+        times = measure(1 if args.quick else args.repeats, not args.no_scripts, Path(folder), warm_up=not args.quick)
     bare = statistics.median(times["bare"])
     print(f"{'launcher':<18}{'median s':>10}{'min s':>8}{'runs':>6}{'vs bare':>9}")
     for name, values in times.items():

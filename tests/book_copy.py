@@ -30,7 +30,8 @@ def copy_sources(dest: Path) -> None:
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy(ROOT / name, dest / name)
     shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns(".ipynb_checkpoints", "*.pt"))
-    shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for folder in ("src", "bench"):  # chapters show package code (literalinclude) and run the benchmarks
+        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
 
 
 def execute_all(dest: Path) -> dict[str, Execution]:

@@ -127,3 +127,21 @@ def test_widget_view_has_a_pane_per_rank_and_progress():
     view.metric(0, {"step": 3, "total": 10})
     assert view.panes[1].outputs[0]["text"] == "hello\n" and view.panes[0].outputs == ()
     assert (view.progress.value, view.progress.max) == (3, 10)
+
+
+def test_a_rank_that_died_in_c_code_is_named_not_the_survivor_reporting_it(tmp_path):
+    (tmp_path / "logs").mkdir()
+    survivor = _failure(tmp_path, 0, 1000.05)
+    survivor.message["extraInfo"]["py_callstack"] = "RuntimeError: Connection closed by peer [127.0.0.1]:4000"
+    died = _failure(tmp_path, 1, None, exitcode=-6)  # SIGABRT from gloo, no error file, observed later
+    died.timestamp = 1001
+    err = first_failure_error(SimpleNamespace(failures={0: survivor, 1: died}), tmp_path, result=None)
+    assert err.rank == 1 and "killed by signal SIGABRT" in str(err)
+
+
+def test_ranks_stopped_by_sigterm_are_never_the_root_cause(tmp_path):
+    (tmp_path / "logs").mkdir()
+    stopped = _failure(tmp_path, 0, None, exitcode=-15)
+    stopped.timestamp = 900
+    err = first_failure_error(SimpleNamespace(failures={0: stopped, 2: _failure(tmp_path, 2, 1000.0)}), tmp_path, None)
+    assert err.rank == 2

@@ -126,26 +126,41 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
     elastic_launch(config, sys.executable)(*args)
 
 
-def first_failure_error(exc, run_dir: Path, result: RunResult) -> WorkerFailedError:
-    """The rank that failed *first* (sub-second timestamps from distlab's error files)."""
-    def when(item):
-        rank, failure = item
-        try:
-            return json.loads(Path(failure.error_file).read_text())["message"]["extraInfo"]["time"]
-        except Exception:
-            return float(failure.timestamp) + 0.999  # no error file: killed, or died in C code
+PEER_FAILURE_SIGNS = ("closed by peer", "reset by peer", "likely closed", "Broken pipe", "pair closure")
 
-    rank, failure = min(exc.failures.items(), key=when)
+
+def first_failure_error(exc, run_dir: Path, result: RunResult) -> WorkerFailedError:
+    """Name the rank that failed *first*: the root cause, not a survivor reporting it.
+
+    Survivors fail too (a dead peer breaks their collective; torchelastic SIGTERMs the rest), and
+    they write their error a few ms *after* the root cause. So a failure that only reports a lost
+    peer, or a SIGTERM, ranks after every other; within each kind the sub-second time decides.
+    """
+    rank, failure = min(exc.failures.items(), key=_failure_order)
     code = failure.exitcode
-    if isinstance(failure.message, dict):
-        tb = failure.message.get("extraInfo", {}).get("py_callstack") or failure.message.get("message", "")
-    else:
-        tb = ""
+    tb = _callstack(failure)
     if not tb:
         tb = f"rank {rank} wrote no Python traceback: " + (
             f"it was killed by signal {signal.Signals(-code).name}" if code < 0 else f"it exited with code {code}")
     last = "\n".join(lines_before_traceback(read_logs(run_dir, rank))[-15:])
     return WorkerFailedError(rank, code, tb, last, run_dir, result)
+
+
+def _failure_order(item) -> tuple:
+    rank, failure = item
+    text = _callstack(failure)
+    secondary = failure.exitcode == -signal.SIGTERM or any(sign in text for sign in PEER_FAILURE_SIGNS)
+    try:
+        when = json.loads(Path(failure.error_file).read_text())["message"]["extraInfo"]["time"]
+    except Exception:
+        when = float(failure.timestamp)  # no error file: died in C code or by a signal
+    return (secondary, when, rank)
+
+
+def _callstack(failure) -> str:
+    if isinstance(failure.message, dict):
+        return failure.message.get("extraInfo", {}).get("py_callstack") or failure.message.get("message", "")
+    return ""
 
 
 def lines_before_traceback(log: str) -> list[str]:

@@ -150,7 +150,16 @@ def bootstrap(argv: list[str]) -> None:
         text = user_traceback(e)
         _write_error(e, text)
         sys.stderr.write(text)
-        sys.exit(1)
+        _exit_now(1)
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once after a failure: interpreter shutdown with a live gloo group can take seconds
+    (or abort in C++), which would delay the report and blur which rank failed first."""
+    for stream in (sys.stdout, sys.stderr, _METRICS):
+        if stream is not None:
+            stream.flush()
+    os._exit(code)
 
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",

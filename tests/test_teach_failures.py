@@ -1,0 +1,217 @@
+"""Unit tests for chapter 9's helpers (distlab.teach.failures) and its plot; no distlab launches."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distlab.plots.failures import KINDS, detection_times
+from distlab.teach import failures as lab
+from distlab.teach.models import ToyModel
+
+# --- leftovers ---------------------------------------------------------------------------------
+
+def test_no_workers_left_sees_a_child_and_then_not(capsys):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert [p.pid for p in lab.worker_processes()] == [child.pid]
+        assert lab.no_workers_left() is False
+        assert f"pid {child.pid}" in capsys.readouterr().out
+    finally:
+        child.kill()
+        child.wait()
+    assert lab.no_workers_left() is True
+
+
+def test_worker_processes_of_a_missing_process_is_empty():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert lab.worker_processes(child.pid) == []
+
+
+def test_check_after_every_cell_records_leftovers_per_cell():
+    class Events:
+        def register(self, name, fn):
+            assert name == "post_run_cell"
+            self.hook = fn
+
+    class Shell:
+        events = Events()
+
+    class Result:
+        execution_count = 7
+
+    found = lab.check_after_every_cell(Shell())
+    Shell.events.hook(Result())
+    assert found == []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Shell.events.hook(Result())
+    finally:
+        child.kill()
+        child.wait()
+    assert len(found) == 1 and found[0].startswith(f"cell 7: pid {child.pid}")
+
+
+# --- reading a failed run ----------------------------------------------------------------------
+
+def test_fault_time_is_the_earliest_mark_of_any_rank():
+    logs = {0: "step 0\nFAULT_AT 105.5\n", 1: "FAULT_AT 100.25\nother\nFAULT_AT 103\n", 2: "nothing"}
+    assert lab.fault_time(logs) == 100.25
+
+
+def test_fault_time_ignores_marks_inside_other_lines_and_says_when_there_is_none():
+    with pytest.raises(ValueError, match="FAULT_AT"):
+        lab.fault_time({0: "print('FAULT_AT 1.0')\n", 1: "x FAULT_AT 2.0\n"})
+
+
+def test_ranks_without_traceback():
+    logs = {0: "Traceback (most recent call last):\n  ...\nRuntimeError: Connection closed by peer\n",
+            1: "FAULT_AT 1.0\n", 2: ""}
+    assert lab.ranks_without_traceback(logs) == [1, 2]
+
+
+def test_where_ranks_are_finds_the_innermost_script_line(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text("import time\n\ndef stuck(rank):\n    x = 1\n    time.sleep(600)\n\nstuck(1)\n")
+    stacks = {
+        0: ('Current thread 0x7f (most recent call first):\n'
+            '  File "/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+            f'  File "{script}", line 5 in stuck\n'
+            f'  File "{script}", line 7 in <module>\n'),
+        1: "(not started yet: still importing, or already exited)",
+    }
+    where = lab.where_ranks_are(stacks, script)
+    assert where == {0: "stuck: time.sleep(600)", 1: "(not in the script)"}
+
+
+# --- the fixes ---------------------------------------------------------------------------------
+
+def test_atomic_save_round_trip_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    lab.atomic_save({"step": 3}, path)
+    assert torch.load(path) == {"step": 3}
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_atomic_save_interrupted_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    lab.atomic_save({"step": 1}, path)
+
+    def dies_half_way(obj, f, *a, **k):
+        with open(f, "wb") as out:
+            out.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        lab.atomic_save({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path) == {"step": 1}
+
+
+def test_save_as_from_gpu_needs_map_location_on_a_cpu_machine(tmp_path):
+    import torch.serialization as ser
+
+    original = ser.location_tag
+    path = tmp_path / "gpu.pt"
+    lab.save_as_from_gpu({"w": torch.arange(3.0)}, path)
+    assert ser.location_tag is original
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="Attempting to deserialize object on a CUDA device"):
+            torch.load(path)
+    back = torch.load(path, map_location="cpu")
+    assert back["w"].device.type == "cpu" and torch.equal(back["w"], torch.arange(3.0))
+
+
+def test_batch_is_deterministic_and_differs_by_rank_and_step():
+    x, y = lab.batch(3, 1)
+    assert x.shape == (8, 10) and y.shape == (8, 5)
+    assert torch.equal(x, lab.batch(3, 1)[0])
+    assert not torch.equal(x, lab.batch(3, 0)[0]) and not torch.equal(x, lab.batch(4, 1)[0])
+
+
+def test_reference_weights_average_the_ranks_gradients():
+    """One step by hand: the mean of each rank's gradient, as DDP's all-reduce computes it."""
+    torch.manual_seed(0)
+    model = ToyModel()
+    grads = []
+    for rank in range(2):
+        model.zero_grad()
+        x, y = lab.batch(0, rank)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
+    want = {k: p.detach() - 0.05 * (grads[0][k] + grads[1][k]) / 2 for k, p in model.named_parameters()}
+    got = lab.reference_weights(steps=1, world_size=2, lr=0.05)
+    assert all(torch.allclose(got[k], want[k], atol=1e-7) for k in want)
+    assert not torch.allclose(got["net1.weight"], lab.reference_weights(steps=1, world_size=1)["net1.weight"])
+
+
+# --- exercises ---------------------------------------------------------------------------------
+
+RIGHT = {"A": "died hard", "B": "shape mismatch", "C": "missing rank", "D": "uneven batches",
+         "E": "shape mismatch", "F": "op mismatch"}
+
+
+def test_check_diagnosis(capsys):
+    assert lab.check_diagnosis(None) is False
+    assert "No answer yet" in capsys.readouterr().out
+    assert lab.check_diagnosis(RIGHT) is True
+    with pytest.raises(AssertionError, match="A: a rank that raises prints a traceback"):
+        lab.check_diagnosis({**RIGHT, "A": "raised"})
+    with pytest.raises(AssertionError, match="not among the causes"):
+        lab.check_diagnosis({**RIGHT, "B": "cosmic rays"})
+    with pytest.raises(AssertionError, match=r"\['F'\]"):
+        lab.check_diagnosis({k: v for k, v in RIGHT.items() if k != "F"})
+
+
+def every_rank_saves(state, path, rank):
+    torch.save(state, path)
+
+
+def rank0_in_place(state, path, rank):
+    if rank == 0:
+        torch.save(state, path)
+
+
+def rank0_atomic(state, path, rank):
+    if rank == 0:
+        lab.atomic_save(state, path)
+
+
+def rank0_leaves_tmp(state, path, rank):
+    if rank == 0:
+        torch.save(state, f"{path}.tmp")
+        with open(f"{path}.tmp", "rb") as src, open(path, "wb") as dst:
+            dst.write(src.read())
+
+
+def test_check_safe_save(capsys):
+    assert lab.check_safe_save(None) is False
+    assert "No answer yet" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="rank 1 wrote a file"):
+        lab.check_safe_save(every_rank_saves)
+    with pytest.raises(AssertionError, match="os.replace"):
+        lab.check_safe_save(rank0_in_place)
+    with pytest.raises(AssertionError, match="temporary files were left behind"):
+        lab.check_safe_save(rank0_leaves_tmp)
+    with pytest.raises(AssertionError, match="rank 0 left no file"):
+        lab.check_safe_save(lambda state, path, rank: None)
+    assert lab.check_safe_save(rank0_atomic) is True
+    assert torch.save.__name__ == "save"  # the check put torch.save back
+
+
+# --- plot --------------------------------------------------------------------------------------
+
+def test_detection_times_draws_one_bar_per_failure_coloured_by_kind():
+    from matplotlib.colors import to_rgba
+
+    seconds = {"crash": 0.2, "hang": 7.5, "checked": 0.0004}
+    fig = detection_times(seconds, {"hang": "hang", "checked": "check"})
+    ax = fig.axes[0]
+    bars = ax.patches
+    assert len(bars) == 3 and ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(seconds)
+    assert [b.get_facecolor() for b in bars] == [to_rgba(KINDS[k][0]) for k in ("ended", "hang", "check")]
+    assert bars[1].get_x() + bars[1].get_width() == pytest.approx(7.5)
+    assert bars[2].get_width() >= 0  # below the floor: drawn at the floor, not negative
