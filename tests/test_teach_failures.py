@@ -215,3 +215,10 @@ def test_detection_times_draws_one_bar_per_failure_coloured_by_kind():
     assert [b.get_facecolor() for b in bars] == [to_rgba(KINDS[k][0]) for k in ("ended", "hang", "check")]
     assert bars[1].get_x() + bars[1].get_width() == pytest.approx(7.5)
     assert bars[2].get_width() >= 0  # below the floor: drawn at the floor, not negative
+
+
+def test_multiprocessing_resource_tracker_is_not_a_worker():
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # what the first mp.spawn or process pool in a kernel starts
+    assert lab.worker_processes() == []

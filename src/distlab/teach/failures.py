@@ -28,9 +28,19 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
     to reap its children leaks them just the same.
     """
     try:
-        return psutil.Process(pid).children(recursive=True)
+        children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+    return [p for p in children if not _is_multiprocessing_helper(p)]
+
+
+def _is_multiprocessing_helper(p: psutil.Process) -> bool:
+    """multiprocessing's resource tracker (started by the first ``mp.spawn`` or process pool in
+    this process) lives as long as its parent by design; it is not a worker."""
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
 
 
 def no_workers_left(pid: int | None = None) -> bool:
