@@ -216,8 +216,10 @@ def test_states_equal_and_difference():
 
 
 def test_log_and_metric_parsing():
-    log = "Rank 1, samples/s: 10\nRank 1, parameter checksum: -4.5000000000\nRank 0, parameter checksum: 2.25\n"
+    log = "Rank 1, samples/s: 10\nRank 1, parameter checksum: -4.5000000000\nRank 0, parameter checksum: 2.2500000000\n"
     assert T.checksums_in(log) == {1: -4.5, 0: 2.25}
+    glued = "Rank 1, parameter checksum: -4.4046045401Rank 0, parameter checksum: -4.4046045401\n\n"
+    assert T.checksums_in(glued) == {1: -4.4046045401, 0: -4.4046045401}  # two ranks, one pipe
     rows = [{"epoch": 2, "batch": 0, "loss": 0.5, "step": 1}, {"samples_per_s": 3.0}]
     assert T.losses_by_epoch_step(rows) == {(2, 0): 0.5}
 

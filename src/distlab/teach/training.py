@@ -15,6 +15,7 @@ import inspect
 import io
 import math
 import os
+import re
 import shlex
 import socket
 import tempfile
@@ -375,13 +376,13 @@ def step_time(result, quantile: float = 0.5, rank: int = 0) -> float:
 
 
 def checksums_in(log: str) -> dict[int, float]:
-    """``{rank: checksum}`` from the script's ``Rank r, parameter checksum: x`` lines."""
-    found = {}
-    for line in log.splitlines():
-        head, sep, value = line.partition(", parameter checksum: ")
-        if sep and head.split()[-1].isdigit():
-            found[int(head.split()[-1])] = float(value)
-    return found
+    """``{rank: checksum}`` from the script's ``Rank r, parameter checksum: x`` lines.
+
+    The value has exactly 10 decimals, so a line two ranks wrote into one pipe at once (unbuffered
+    ``print`` writes the text and the newline separately) still parses.
+    """
+    pattern = r"Rank (\d+), parameter checksum: (-?\d+\.\d{10})"
+    return {int(rank): float(value) for rank, value in re.findall(pattern, log)}
 
 
 # ---------------------------------------------------------------------------------------------
