@@ -53,8 +53,7 @@ def test_script_defaults_are_the_articles(script):
 
 def test_script_is_lint_clean(script):
     ruff = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
-    if not os.path.exists(ruff):
-        pytest.skip("ruff not installed")
+    assert os.path.exists(ruff), "ruff is in requirements.txt; install it"
     out = subprocess.run([ruff, "check", "--isolated", "--line-length", "120", "--select", "E,F,W,I,B,UP",
                           str(script)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
