@@ -146,3 +146,9 @@ def test_every_notebook_function_inside_a_global_dict_is_shipped(monkeypatch):
     cap = capture(ns["work"])
     assert [d.split("(")[0] for d in cap.definitions] == ["def f", "def g", "def work"]
     assert list(cap.values) == ["TABLE"]
+
+
+def test_unpicklable_argument_is_refused_before_any_process():
+    ns = run_cells("def work(rank, lock):\n    return rank\n")
+    with pytest.raises(CaptureError, match=r"cannot ship an argument.*neither source code nor picklable"):
+        capture(ns["work"], args=(threading.Lock(),))

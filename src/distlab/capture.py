@@ -83,8 +83,7 @@ def _resolve(name: str, value, ns: dict, cap: Captured) -> None:
     elif is_literal(value):
         cap.add(cap.constants, f"{name} = {value!r}")
     else:
-        ensure_picklable(value, f"the global {name!r} ({type(value).__name__})")
-        for cls in notebook_classes_in(value, ns):
+        for cls in notebook_classes_in(value, ns, f"the global {name!r} ({type(value).__name__})"):
             _visit(cls, cls.__name__, ns, cap)
         cap.values[name] = value
 
@@ -157,19 +156,10 @@ def _literal_types_only(value) -> bool:
     return True
 
 
-def ensure_picklable(value, what: str) -> bytes:
-    try:
-        return pickle.dumps(value)
-    except Exception as e:
-        raise CaptureError(
-            what, f"it is neither source code nor picklable ({type(e).__name__}: {e})",
-            "Create it inside the function instead, or pass something picklable through args=.",
-        ) from e
-
-
-def notebook_classes_in(value, ns: dict) -> list:
+def notebook_classes_in(value, ns: dict, what: str = "an argument") -> list:
     """Notebook classes/functions a pickled value refers to; the script defines them before loading it.
 
+    Pickling once here also proves the value can travel: what cannot raises a CaptureError naming it.
     A pickler hook sees every object pickled by reference (pickle memoises the module name, so
     scanning the bytes for ``__main__`` would miss all but the first reference).
     """
@@ -182,8 +172,13 @@ def notebook_classes_in(value, ns: dict) -> list:
                     found.append(candidate)
             return NotImplemented
 
-    ensure_picklable(value, "an argument")
-    Finder(io.BytesIO()).dump(value)
+    try:
+        Finder(io.BytesIO()).dump(value)
+    except Exception as e:
+        raise CaptureError(
+            what, f"it is neither source code nor picklable ({type(e).__name__}: {e})",
+            "Create it inside the function instead, or pass something picklable through args=.",
+        ) from e
     return found
 
 

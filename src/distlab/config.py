@@ -1,4 +1,4 @@
-"""Pure launch configuration: argument checks, backend choice and the rank environment.
+"""Pure launch configuration: argument checks and backend choice.
 
 Nothing here starts a process or opens a socket, so every rule is unit-testable and
 bad arguments fail before any worker exists.

@@ -71,7 +71,7 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     """Run the plan to completion; raise a distlab error naming the rank when it fails."""
     run_json = plan.run_dir / "run.json"
     run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
-                                    "single_node": plan.nnodes == 1, "run_id": plan.run_id,
+                                    "single_node": plan.nnodes == 1,
                                     "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}))
     watcher = watch.Watcher(plan.run_dir, plan.elastic_run_id, plan.world_size, view, plan.timeout)
     start = time.perf_counter()
@@ -120,7 +120,7 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
         rdzv_endpoint="" if local else plan.rdzv_endpoint,
         rdzv_configs={} if local else {"rank": plan.node_rank},
         max_restarts=plan.max_restarts, monitor_interval=0.05,
-        logs_specs=_RunLogs(plan.run_dir), signals_to_handle="SIGINT,SIGTERM",
+        logs_specs=_run_logs(plan.run_dir), signals_to_handle="SIGINT,SIGTERM",
     )
     args = ["-u", "-m", "distlab._start", str(run_json), str(plan.target), *plan.target_args]
     elastic_launch(config, sys.executable)(*args)
@@ -235,6 +235,8 @@ def _create_loopback_handler(params):
         behind (gloo's peer addresses) must not reach the next one.
         """
 
+        _loopback = None
+
         def get_backend(self) -> str:
             return LOOPBACK_BACKEND
 
@@ -249,10 +251,12 @@ def _create_loopback_handler(params):
             return True
 
     handler = LoopbackRendezvous("127.0.0.1", 0, 0, 1, params.run_id, timeout=300)
-    handler._loopback = None
     _HANDLERS[params.run_id] = handler
     return handler
-def _run_logs_class():
+
+
+def _run_logs(run_dir: Path):
+    """torchelastic's LogsSpecs with distlab's layout (defined here: torch is imported lazily)."""
     from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
 
     class RunLogs(LogsSpecs):
@@ -278,8 +282,4 @@ def _run_logs_class():
                 dest.error_files[local] = env["TORCHELASTIC_ERROR_FILE"] = str(folder / f"rank{rank}.error.json")
             return dest
 
-    return RunLogs
-
-
-def _RunLogs(run_dir: Path):
-    return _run_logs_class()(run_dir)
+    return RunLogs(run_dir)

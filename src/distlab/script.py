@@ -25,7 +25,7 @@ def render(cap: Captured, *, args: tuple, nprocs: int, style: str, backend: str,
     if cap.values:
         parts.append("\n\n# Values from the notebook that are not source code: saved next to this script")
         parts.append('globals().update(_distlab.load_data(__file__, "values"))')
-    arg_source = repr(args) if is_literal(args) else '_distlab.load_data(__file__, "args")'
+    arg_source = '_distlab.load_data(__file__, "args")' if needs_args_file(args) else repr(args)
     parts.append(
         "\n\nif __name__ == \"__main__\":\n"
         f"    _distlab.main({cap.entry}, args={arg_source}, nprocs={nprocs}, style={style!r}, backend={backend!r})\n"
