@@ -2,9 +2,15 @@
 
 Usage while writing a chapter:  .venv/bin/python tests/nbrun.py book/05_collectives.ipynb
 (prints the time of every cell and of the whole notebook; the file itself is left unchanged).
+
+Exercise solutions are markdown cells tagged ``solution`` (a ``<details>`` block around one fenced
+python block), so *Run All* in JupyterLab never runs them and a reader sees them only on a click.
+The suite executes them anyway: :func:`solutions_to_code` turns each into a code cell tagged
+``hide-cell`` (collapsed in the built book) that runs in the chapter's kernel and calls its checker.
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,9 +32,37 @@ class Execution:
     cell_seconds: list[float] = field(default_factory=list)
 
 
+SOLUTION_TAG = "solution"
+_FENCE = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def solution_code(markdown: str) -> str:
+    """The python code inside a solution cell's ``<details>`` block; a malformed cell is an error."""
+    blocks = _FENCE.findall(markdown)
+    if not markdown.lstrip().startswith("<details>") or len(blocks) != 1:
+        raise ValueError("a solution cell must be <details><summary>..</summary>, one ```python block, </details>:\n"
+                         + markdown[:300])
+    return blocks[0]
+
+
+def solutions_to_code(nb) -> int:
+    """Turn every markdown cell tagged ``solution`` into a hidden code cell; returns how many."""
+    count = 0
+    for i, cell in enumerate(nb.cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "markdown" and SOLUTION_TAG in tags:
+            code = nbformat.v4.new_code_cell(solution_code(cell.source))
+            code.metadata["tags"] = ["hide-cell", SOLUTION_TAG]
+            nb.cells[i] = code
+            count += 1
+    return count
+
+
 def execute(path: Path, write_to: Path | None = None) -> Execution:
-    """Run every cell; cells tagged ``raises-exception`` may raise, any other error is recorded."""
+    """Run every cell, solutions included; cells tagged ``raises-exception`` may raise, any other
+    error is recorded."""
     nb = nbformat.read(path, as_version=4)
+    solutions_to_code(nb)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
