@@ -1,8 +1,12 @@
-"""Every chapter in _toc.yml executes top to bottom in a fresh kernel within its time budget.
+"""Every chapter in _toc.yml executes top to bottom in a fresh kernel, with no unexpected error.
 
-Cells tagged ``raises-exception`` may raise; nbclient stops at any other error.
+Cells tagged ``raises-exception`` may raise; nbclient stops at any other error. A traceback that a cell
+only *prints* (a rank that failed inside a ``try``) is just as much a failure unless the cell says it
+expects one with the ``prints-traceback`` tag. The time budget is a separate test, with an override
+(``DISTLAB_CHAPTER_BUDGET_S``) for slower machines: a busy machine must not fail a correct chapter.
 """
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,17 +14,53 @@ from book_copy import ROOT, toc_files
 from nbrun import CHAPTER_BUDGET_S
 
 CHAPTERS = toc_files()
+TRACEBACK = "Traceback (most recent call last)"
+EXPECTED_TRACEBACK_TAGS = {"raises-exception", "prints-traceback"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_chapter_executes_within_budget(executed_book, name):
+def test_chapter_executes(executed_book, name):
     ex = executed_book["executions"][name]
-    print(f"{name}: {ex.seconds:.1f}s")
     assert ex.error is None, f"{name} failed:\n{ex.error}"
-    assert ex.seconds <= CHAPTER_BUDGET_S, f"{name} took {ex.seconds:.0f}s > {CHAPTER_BUDGET_S}s"
     code = [c for c in ex.notebook.cells if c.cell_type == "code"]
     assert code and all(c.get("execution_count") for c in code), "a code cell did not run"
+    unexpected = unexpected_tracebacks(ex.notebook)
+    assert not unexpected, f"{name}: tracebacks printed by cells that do not expect one:\n" + "\n---\n".join(unexpected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_within_budget(executed_book, name):
+    budget = float(os.environ.get("DISTLAB_CHAPTER_BUDGET_S", CHAPTER_BUDGET_S))
+    ex = executed_book["executions"][name]
+    assert ex.seconds <= budget, f"{name} took {ex.seconds:.0f}s > {budget:.0f}s (DISTLAB_CHAPTER_BUDGET_S)"
+
+
+def unexpected_tracebacks(nb) -> list[str]:
+    """Stream text with a Python traceback, from code cells not tagged as expecting one."""
+    found = []
+    for cell in nb.cells:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.cell_type != "code" or tags & EXPECTED_TRACEBACK_TAGS:
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and TRACEBACK in out.get("text", ""):
+                found.append(cell.source[:200] + "\n>>> " + out["text"][-800:])
+    return found
+
+
+def test_unexpected_traceback_detection():
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    printed = {"output_type": "stream", "name": "stdout", "text": f"[rank1] {TRACEBACK}:\nValueError\n"}
+    for tags in ([], ["prints-traceback"], ["raises-exception"]):
+        cell = nbformat.v4.new_code_cell("run()")
+        cell.metadata["tags"] = tags
+        cell.outputs = [nbformat.v4.new_output(**printed)]
+        nb.cells.append(cell)
+    assert len(unexpected_tracebacks(nb)) == 1
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
