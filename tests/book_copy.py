@@ -30,6 +30,7 @@ def copy_sources(dest: Path) -> None:
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy(ROOT / name, dest / name)
     shutil.copytree(ROOT / "book", dest / "book", ignore=shutil.ignore_patterns(".ipynb_checkpoints", "*.pt"))
+    shutil.copytree(ROOT / "locales", dest / "locales")
     for folder in ("src", "bench"):  # chapters show package code (literalinclude) and run the benchmarks
         shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
 
@@ -43,6 +44,18 @@ def execute_all(dest: Path) -> dict[str, Execution]:
             results[name] = execute(path, write_to=path)
             print(f"executed {name}: {results[name].seconds:.1f}s", file=sys.stderr)
     return results
+
+
+def build_chinese(dest: Path) -> subprocess.CompletedProcess:
+    """The Chinese edition from the same executed notebooks, into ``dest/_build/zh/html``."""
+    return _i18n().build_edition(dest, dest / "_build" / "zh" / "html")
+
+
+def _i18n():
+    sys.path.insert(0, str(ROOT / "book"))
+    import i18n
+
+    return i18n
 
 
 def build_without_executing(dest: Path) -> subprocess.CompletedProcess:

@@ -10,14 +10,17 @@ _BOOK: dict = {}
 
 @pytest.fixture(scope="session")
 def executed_book(tmp_path_factory):
-    """The whole book, executed once (nbclient) and built once (jupyter-book, execution off)."""
+    """The whole book, executed once (nbclient) and built twice from that execution (jupyter-book,
+    execution off): the English edition and the Chinese one."""
     import book_copy
 
     dest = tmp_path_factory.mktemp("book")
     book_copy.copy_sources(dest)
     executions = book_copy.execute_all(dest)
     build = book_copy.build_without_executing(dest)
-    _BOOK.update(dir=dest, executions=executions, build=build, html=dest / "_build" / "html")
+    build_zh = book_copy.build_chinese(dest)
+    _BOOK.update(dir=dest, executions=executions, build=build, html=dest / "_build" / "html",
+                 build_zh=build_zh, html_zh=dest / "_build" / "zh" / "html")
     return _BOOK
 
 

@@ -1,0 +1,76 @@
+"""The Chinese edition: every English string has a reviewed translation, and the book builds in Chinese.
+
+A change to a chapter's prose without its translation fails here (``python book/i18n.py update``
+marks the changed entries; translate them, then ``python book/i18n.py check``).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+from book_copy import ROOT, _i18n, toc_files
+
+i18n = _i18n()
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+POT = '''msgid ""
+msgstr ""
+
+msgid "1. Setup"
+msgstr ""
+
+msgid "Ranks average gradients."
+msgstr ""
+'''
+
+
+def _catalogs(tmp_path, po_body: str):
+    templates, locales = tmp_path / "gettext", tmp_path / "locales"
+    (templates / "book").mkdir(parents=True)
+    (templates / "book" / "ch.pot").write_text(POT)
+    po = locales / "zh_CN" / "LC_MESSAGES" / "book" / "ch.po"
+    po.parent.mkdir(parents=True)
+    po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n' + po_body)
+    return templates, locales
+
+
+def test_complete_catalog_has_no_problems(tmp_path):
+    body = ('msgid "1. Setup"\nmsgstr "1\\\\. 准备"\n\n'
+            'msgid "Ranks average gradients."\nmsgstr "各 rank 对梯度求平均。"\n')
+    assert i18n.problems(*_catalogs(tmp_path, body)) == []
+
+
+@pytest.mark.parametrize("body, problem", [
+    ('msgid "1. Setup"\nmsgstr "1\\\\. 准备"\n', "missing"),
+    ('msgid "1. Setup"\nmsgstr "1\\\\. 准备"\n\nmsgid "Ranks average gradients."\nmsgstr ""\n', "untranslated"),
+    ('msgid "1. Setup"\nmsgstr "1\\\\. 准备"\n\n#, fuzzy\nmsgid "Ranks average gradients."\nmsgstr "旧"\n', "fuzzy"),
+    ('msgid "1. Setup"\nmsgstr "1. 准备"\n\nmsgid "Ranks average gradients."\nmsgstr "平均。"\n', "numbered title"),
+])
+def test_each_kind_of_problem_is_reported(tmp_path, body, problem):
+    found = i18n.problems(*_catalogs(tmp_path, body))
+    assert len(found) == 1 and problem in found[0], found
+
+
+@pytest.mark.slow
+def test_every_english_string_is_translated(executed_book, tmp_path):
+    templates = i18n.extract_templates(executed_book["dir"], tmp_path)
+    assert sorted(p.stem for p in templates.rglob("*.pot")) == sorted(n.split("/")[-1] for n in toc_files())
+    found = i18n.problems(templates, ROOT / "locales")
+    assert not found, f"{len(found)} catalog entries need a translation:\n" + "\n".join(found[:40])
+
+
+@pytest.mark.slow
+def test_chinese_book_builds_without_warnings(executed_book):
+    build = executed_book["build_zh"]
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", toc_files())
+def test_chinese_page_is_chinese_with_the_same_outputs(executed_book, name):
+    zh = (executed_book["html_zh"] / f"{name}.html").read_text()
+    en = (executed_book["html"] / f"{name}.html").read_text()
+    assert 'lang="zh-CN"' in zh
+    title = re.search(r"<h1>(.*?)<", zh).group(1)
+    assert CJK.search(title), f"{name}: the title is not translated: {title!r}"
+    assert zh.count('class="cell_output') == en.count('class="cell_output')
