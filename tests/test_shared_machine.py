@@ -152,6 +152,8 @@ def test_another_user_can_neither_read_nor_plant_anything_in_a_run(other_user, s
     succeeded = [name for name, cmd in ATTACKS.items()
                  if as_other(cmd.format(run=run, root=root)).returncode == 0]
     assert succeeded == []
+    modes = {str(p.relative_to(run)): stat.S_IMODE(p.lstat().st_mode) for p in [run, *run.rglob("*")]}
+    assert {name for name, m in modes.items() if m & 0o077} == set(), modes  # 0700 folders, 0600 files
     assert torch.equal(res.returns[0], torch.full((3,), 2.0))
     assert "secret output" in (run / "logs/attempt0/rank0.out").read_text()
     assert sorted(p.name for p in root.iterdir()) == [run.name]
