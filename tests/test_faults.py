@@ -198,3 +198,44 @@ def test_pyproject_floor_matches_the_checked_floor():
 
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"torch>={compat.TORCH_FLOOR}"' in text
+
+
+def test_cleanup_runs_every_step_even_when_one_fails_and_can_run_again(monkeypatch):
+    from distlab import rendezvous, watch
+
+    done = []
+
+    def broken_finish():
+        done.append("finish")
+        raise RuntimeError("finish broke")
+
+    class Handler:
+        def shutdown(self):
+            done.append("store")
+
+    monkeypatch.setattr(watch, "stop_workers", lambda run_id: done.append(f"workers of {run_id}"))
+    monkeypatch.setitem(rendezvous.HANDLERS, "rid", Handler())
+    watcher = SimpleNamespace(finish=broken_finish, stop_agent=lambda: done.append("agent"))
+    plan = SimpleNamespace(elastic_run_id="rid", run_id="rid")
+    with pytest.raises(RuntimeError, match="finish broke"):
+        engine.cleanup(plan, watcher)
+    assert done == ["finish", "agent", "workers of rid", "store"]
+    with pytest.raises(RuntimeError):
+        engine.cleanup(plan, watcher)  # again: the store is already gone, nothing else breaks
+    assert done[4:] == ["finish", "agent", "workers of rid"]
+
+
+def test_ctrl_c_during_cleanup_is_held_back_and_the_kernel_handler_returns_after(monkeypatch):
+    kernel_handler = signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, kernel_handler)
+    try:
+        signals = engine.KernelSignals()
+        signal.signal(signal.SIGINT, lambda *a: None)  # torchelastic's handler while its agent runs
+        signals.defer()
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C during cleanup: no KeyboardInterrupt here
+        time.sleep(0.1)
+        assert signal.getsignal(signal.SIGINT) is not kernel_handler
+        assert signals.restore() is True  # ...it is reported once cleanup is over
+        assert signal.getsignal(signal.SIGINT) is kernel_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
