@@ -65,3 +65,24 @@ class WorkerTimeoutError(DistlabError, TimeoutError):
         self.timeout, self.stacks, self.result = timeout, stacks, result
         text = "\n".join(f"--- rank {r} ---\n{s.rstrip()}" for r, s in sorted(stacks.items()))
         super().__init__(TIMED_OUT.format(timeout=timeout, stacks=text or "(no rank had started)", run_dir=run_dir))
+
+
+RUN_FOLDER = "distlab: cannot use {path} for run folders: {problem}. {hint}"
+CANCELLED = "distlab: run cancelled; all {n} worker processes were stopped. Run folder: {run_dir}"
+TORCH_TOO_OLD = (
+    "distlab: this torch ({version}) lacks what distlab's launcher uses: {missing}. "
+    "Install torch>={floor} (pip install 'torch>={floor}')."
+)
+AGENT_FAILED = (
+    "distlab: torchelastic's agent stopped with an error before the ranks could finish:\n{error}\n"
+    "Run folder: {run_dir}"
+)
+NEVER_STARTED = "(never started here: the agent was still waiting for the other nodes at {endpoint})"
+
+
+class RunFolderError(DistlabError, OSError):
+    """The runs root or a run folder is not private to you; nothing was started."""
+
+
+class RunCancelledError(DistlabError, RuntimeError):
+    """``PendingRun.cancel()`` stopped the run before it finished."""
