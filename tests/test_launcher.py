@@ -117,12 +117,12 @@ def test_first_failing_rank_is_named_with_its_traceback_quickly():
 
 def test_hang_times_out_with_each_ranks_stack():
     start = time.time()
-    with pytest.raises(WorkerTimeoutError) as e:
-        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=6, view=None)
+    with pytest.raises(WorkerTimeoutError) as e:  # 20 s: on a loaded 2-core machine `import torch` alone took > 6 s
+        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=20, view=None)
     stacks = e.value.stacks
     assert "in all_reduce" in stacks[0] and "in hang_on_rank_zero" in stacks[0]
     assert "in all_reduce" not in stacks[1] and "in hang_on_rank_zero" in stacks[1]
-    assert time.time() - start < 20
+    assert time.time() - start < 40
     assert no_workers_left(e.value.result.run_dir)
 
 
