@@ -286,13 +286,14 @@ class Conversation:
         self.still_pending = set(self.pending)
 
     def failures(self) -> list[int]:
-        """Ranks that raised or died before the call was cut short: the root cause first.
+        """Ranks that raised or died before the call was cut short, the likely root cause first.
 
-        A rank that only reports a lost peer comes after one that raised on its own.
+        A rank that only reports a lost peer comes after one that raised on its own; among
+        equals the lowest rank comes first (ranks raising the same error race to the pipe).
         """
         arrived = self._arrival if not self.reason else self._arrival[:self._before_break]
         failed = [r for r in arrived if self.replies[r][0] in (proto.ERROR, "died")]
-        return sorted(failed, key=lambda r: (self._peer_lost(r), failed.index(r)))
+        return sorted(failed, key=lambda r: (self._peer_lost(r), r))
 
     def _peer_lost(self, rank: int) -> bool:
         reply = self.replies[rank]

@@ -227,7 +227,7 @@ class Ranks:
             action = "stop"
         state = {"keep": err.STATE_USABLE, "restart": err.STATE_RESTARTED.format(why=why),
                  "stop": err.STATE_STOPPED.format(why=why)}[action]
-        return action, self._error(conv, failures, stacks, where, timeout, state, usable)
+        return action, build_error(conv, failures, stacks, where, timeout, state, usable)
 
     def _why_broken(self, conv: Conversation, failures: list[int]) -> str | None:
         """Why the process group cannot go on, or None after a passed health check."""
@@ -250,28 +250,31 @@ class Ranks:
             conv.sink.finish()
         return not conv.pending and all(reply[0] == proto.DONE and reply[2] is True for reply in conv.replies.values())
 
-    def _error(self, conv, failures, stacks, where, timeout, state, usable) -> BaseException:
-        everyone = {r: stacks.get(r) or "(finished this call)" for r in conv.ranks}
-        if failures:
-            first = failures[0]
-            reply = conv.replies[first]
-            blocked = err.BLOCKED.format(stacks=err.format_stacks(stacks)) if stacks else ""
-            if reply[0] == "died":
-                how = f" (exit code {reply[2]})" if reply[2] is not None else ""
-                text = err.RANK_DIED.format(rank=first, how=how, where=where, log=reply[3], state=state)
-                return err.RankError(text, first, "died", reply[3], usable)
-            others = failures[1:]
-            too = err.OTHERS_TOO.format(**err.plural(others)) if others else ""
-            text = err.RANK_RAISED.format(rank=first, name=reply[2], where=where, others=too,
-                                          traceback=reply[3].rstrip(), blocked=blocked, state=state)
-            return err.RankError(text, first, reply[2], reply[3], usable)
-        names = err.plural(stacks or conv.ranks)
-        if conv.reason == "timeout":
-            text = err.TIMED_OUT.format(where=where, timeout=timeout, stacks=err.format_stacks(everyone), state=state,
-                                        **names)
-            return err.RanksTimeoutError(text, everyone, usable)
-        return KeyboardInterrupt(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
-                                                        state=state, **names))
+
+def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, timeout, state: str,
+                usable: bool) -> BaseException:
+    """The exception a failed, timed-out or interrupted call raises; ``state`` says what is left."""
+    everyone = {r: stacks.get(r) or "(finished this call)" for r in conv.ranks}
+    if failures:
+        first = failures[0]
+        reply = conv.replies[first]
+        blocked = err.BLOCKED.format(stacks=err.format_stacks(stacks)) if stacks else ""
+        if reply[0] == "died":
+            how = f" (exit code {reply[2]})" if reply[2] is not None else ""
+            text = err.RANK_DIED.format(rank=first, how=how, where=where, log=reply[3], state=state)
+            return err.RankError(text, first, "died", reply[3], usable)
+        others = failures[1:]
+        too = err.OTHERS_TOO.format(**err.plural(others)) if others else ""
+        text = err.RANK_RAISED.format(rank=first, name=reply[2], where=where, others=too,
+                                      traceback=reply[3].rstrip(), blocked=blocked, state=state)
+        return err.RankError(text, first, reply[2], reply[3], usable)
+    names = err.plural(stacks or conv.ranks)
+    if conv.reason == "timeout":
+        text = err.TIMED_OUT.format(where=where, timeout=timeout, stacks=err.format_stacks(everyone), state=state,
+                                    **names)
+        return err.RanksTimeoutError(text, everyone, usable)
+    return KeyboardInterrupt(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
+                                                    state=state, **names))
 
 
 def definition_unit(source: str, ns: dict) -> tuple[str, str, str]:
