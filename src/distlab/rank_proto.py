@@ -20,6 +20,7 @@ Tagging output with the call that printed it is what keeps one cell's output out
 from __future__ import annotations
 
 import ast
+import functools
 import traceback
 
 from .capture import Captured
@@ -31,11 +32,13 @@ EXEC, RUN, PROBE, CLOSE = "exec", "run", "probe", "close"
 
 # --- running source --------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=256)
 def compile_cell(source: str, filename: str):
     """(body, last_expression) code objects, like IPython: the last expression's value is shown.
 
     Compiled under ``filename`` with the source's own line numbers, so a traceback or a stack
-    dump says ``File "Cell In[5]", line 3``: the line of the cell the learner sees.
+    dump says ``File "Cell In[5]", line 3``: the line of the cell the learner sees. Cached:
+    compiling costs more than a loopback all-reduce, and loops send the same source again.
     """
     tree = ast.parse(source, filename)
     last = None

@@ -67,6 +67,7 @@ class Ranks:
         self.backend = backend
         self.timeout = config.check_timeout(timeout)
         self.late_output: dict[int, str] = {}
+        self._exec_names: dict[str, str] = {}  # one file name per distinct source: compiled once, cached
         self._requests = count(1)
         self._lock = threading.Lock()
         self._group: RankGroup | None = None
@@ -133,7 +134,7 @@ class Ranks:
         __tracebackhide__ = True
         if not isinstance(source, str):
             raise LaunchArgumentError("source", source, f"must be a str, not {type(source).__name__}")
-        filename = f"<ranks.exec #{next(self._requests)}>"
+        filename = self._exec_names.setdefault(source, f"<ranks.exec #{len(self._exec_names) + 1}>")
         outcome = self._exec(source, filename, "ranks.exec", ranks, timeout)
         if isinstance(outcome, BaseException):
             raise outcome  # from here: the traceback shows the caller's line, not distlab's insides
