@@ -83,7 +83,7 @@ def measure_floor(repeats: int, folder: Path) -> list[float]:
 
 def measure_ranks(repeats: int) -> tuple[float, list[float]]:
     start = time.perf_counter()
-    with distlab.Ranks(2) as ranks:
+    with distlab.Ranks(2, backend="gloo") as ranks:
         started = time.perf_counter() - start
 
         def round_trip():
@@ -116,7 +116,8 @@ def measure_cells(repeats: int) -> dict[str, list[float]]:
 
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
     try:
-        _, out = run_cell(kc, "%load_ext distlab\nimport distlab\nranks = distlab.Ranks(2)\nprint(ranks.state)")
+        setup = "%load_ext distlab\nimport distlab\nranks = distlab.Ranks(2, backend='gloo')\nprint(ranks.state)"
+        _, out = run_cell(kc, setup)
         assert "ready" in out, out
         cell = "%%ranks\n" + SOURCE
         _, out = run_cell(kc, cell)

@@ -112,7 +112,7 @@ DUMP = """Thread 0x00007f01 (most recent call first):
   File "/venv/lib/python3.11/threading.py", line 982 in run
 
 Current thread 0x00007f02 (most recent call first):
-  File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
   File "Cell In[5]", line 3 in <module>
   File "/src/distlab/rank_loop.py", line 120 in _exec
   File "<string>", line 1 in <module>
@@ -121,7 +121,7 @@ Current thread 0x00007f02 (most recent call first):
 
 def test_clean_stack_keeps_the_users_frames_only():
     text = proto.clean_stack(DUMP, ("distlab/rank_loop.py", "distlab/worker.py"))
-    assert text == ('File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+    assert text == ('File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
                     'File "Cell In[5]", line 3 in <module>')
 
 

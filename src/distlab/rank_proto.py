@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import traceback
 
 from .capture import Captured
@@ -155,9 +156,15 @@ def clean_stack(dump: str, runtime: tuple[str, ...]) -> str:
     for block in blocks:
         if any("_exit_with_parent" in line for line in block):
             continue
-        frames = [line.strip() for line in block[1:] if line.strip() and not any(r in line for r in runtime)]
+        frames = [_short_path(line.strip()) for line in block[1:]
+                  if line.strip() and not any(r in line for r in runtime)]
         while frames and frames[-1] == LAUNCH_FRAME:
             frames.pop()  # the `python -c` line that started the rank
         if frames:
             kept.append("\n".join(frames))
     return "\n\n".join(kept)
+
+
+def _short_path(frame: str) -> str:
+    """``File ".../site-packages/torch/x.py"`` -> ``File "torch/x.py"``: the same on every machine."""
+    return re.sub(r'^File ".*?[/\\]site-packages[/\\]', 'File "', frame)

@@ -236,8 +236,7 @@ class Ranks:
             names = err.plural(conv.still_pending)
             if failures:
                 return f"rank{names['s']} {names['ranks']} stayed blocked after rank {failures[0]} failed"
-            return (f"rank{names['s']} {names['ranks']} did not come back from the interrupt "
-                    "(stuck in C code, such as a collective)")
+            return f"rank{names['s']} {names['ranks']} stayed blocked in C code (a collective?) after an interrupt"
         dead = [r for r, reply in conv.replies.items() if reply[0] == "died"]
         if dead:
             return f"rank {dead[0]} died"
