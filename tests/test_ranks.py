@@ -119,8 +119,9 @@ def test_an_interrupt_stops_the_call_with_stacks_and_keeps_the_ranks(ranks):
 
 def test_output_of_a_thread_that_outlives_its_call_stays_out_of_later_calls(ranks, capsys):
     ranks.exec("import threading, time\n"
-               "threading.Thread(target=lambda: (time.sleep(0.5), print('late', rank))).start()\nprint('first')")
-    ranks.exec("import time\ntime.sleep(1.5)\nprint('second')")
+               "th = threading.Thread(target=lambda: (time.sleep(0.5), print('late', rank)))\n"
+               "th.start()\nprint('first')")
+    ranks.exec("th.join()  # the late line is printed while this call runs\nprint('second')")
     out, _ = capsys.readouterr()
     assert sorted(out.splitlines()) == ["[rank0] first", "[rank0] second", "[rank1] first", "[rank1] second"]
     assert ranks.late_output[0] == "late 0\n" and ranks.late_output[1] == "late 1\n"
@@ -189,6 +190,16 @@ def test_a_failure_that_leaves_a_rank_blocked_stops_the_ranks_until_restart(frag
     assert fragile.state == "stopped" and gone_soon(before)
     with pytest.raises(err.RanksStoppedError, match="Run ranks.restart"):
         fragile.exec("1")
+    fragile.restart()
+    assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+
+
+def test_a_failure_that_broke_the_group_is_caught_by_the_health_check(fragile):
+    with pytest.raises(err.RankError) as info:
+        fragile.exec("if rank == 1:\n    dist.destroy_process_group()\n    raise RuntimeError('left the group')\n")
+    assert (info.value.rank, info.value.usable) == (1, False)
+    assert "(the health check, one all_reduce on every rank, failed)" in str(info.value)
+    assert fragile.state == "stopped"
     fragile.restart()
     assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
 

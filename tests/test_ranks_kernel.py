@@ -92,13 +92,15 @@ def test_only_ranks_cells_go_to_the_ranks_and_a_subset_runs_alone(kernel):
     cell = ok(kernel.run("%%ranks 1\nprint('just me')\nrank"))
     assert stdout(cell) == "[rank1] just me\n" and cell["result"] == "[rank1] 1"
     assert ok(kernel.run("kernel_only + 1"))["result"] == "42"
+    cell = ok(kernel.run("%%ranks\nno_value_here = rank"))
+    assert cell["result"] is None and cell["streams"] == []
 
 
 def test_output_of_different_cells_never_mixes(kernel):
     first = ok(kernel.run("%%ranks\nimport threading, time\n"
-                          "threading.Thread(target=lambda: (time.sleep(0.5), print('late', rank))).start()\n"
-                          "print('first cell')"))
-    second = ok(kernel.run("%%ranks\nimport time\ntime.sleep(1.5)\nprint('second cell')"))
+                          "th = threading.Thread(target=lambda: (time.sleep(0.5), print('late', rank)))\n"
+                          "th.start()\nprint('first cell')"))
+    second = ok(kernel.run("%%ranks\nth.join()  # the late line is printed while this cell runs\nprint('second cell')"))
     assert sorted(stdout(first).splitlines()) == ["[rank0] first cell", "[rank1] first cell"]
     assert sorted(stdout(second).splitlines()) == ["[rank0] second cell", "[rank1] second cell"]
     assert ok(kernel.run("ranks.late_output"))["result"] == "{0: 'late 0\\n', 1: 'late 1\\n'}"

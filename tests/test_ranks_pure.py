@@ -97,6 +97,14 @@ def test_shown_stands_for_a_value_by_its_repr_and_pickles():
     assert shown != proto.Shown("other")
 
 
+def test_a_value_the_kernel_cannot_load_spoils_only_itself():
+    missing = pickle.dumps(proto.Shown("x")).replace(b"distlab.rank_proto", b"distlab.nowhere___")
+    shown = proto.load_value(missing)
+    assert isinstance(shown, proto.Shown) and repr(shown).startswith("<a value this kernel cannot load: ")
+    assert "ModuleNotFoundError" in repr(shown)
+    assert proto.load_value(pickle.dumps([1, 2.0])) == [1, 2.0]
+
+
 def test_line_joiner_keeps_unfinished_lines_per_key():
     joiner = proto.LineJoiner()
     assert joiner.feed("a", "one\ntw") == ["one"]

@@ -310,7 +310,7 @@ class Conversation:
             if msg[0] == proto.OUT:
                 self.sink.write(rank, msg[1], msg[2], msg[3])
             elif msg[0] == "died" or msg[1] == self.req:
-                self._record(rank, msg)
+                self._record(rank, (msg[0], msg[1], proto.load_value(msg[2])) if msg[0] == proto.DONE else msg)
 
     def _record(self, rank: int, msg: tuple) -> None:
         self.replies[rank] = msg

@@ -177,15 +177,18 @@ class Sender:
             self.conn.send_bytes(data)
 
     def send_reply(self, reply: tuple) -> None:
-        """A value that cannot travel (or names classes only this rank has) comes back as its repr."""
-        try:
-            data = pickle.dumps(reply)
-            if reply[0] == proto.DONE and b"__main__" in data:
-                raise pickle.PicklingError("defined on the rank only")
-        except Exception:
-            data = pickle.dumps(reply[:2] + (proto.Shown(_safe_repr(reply[2])),))
-        with self.lock:
-            self.conn.send_bytes(data)
+        """A done reply carries its value pickled on its own, so a value the kernel cannot load
+        spoils only itself; one that cannot travel (or names classes only this rank has) comes
+        back as its repr."""
+        if reply[0] == proto.DONE:
+            try:
+                value = pickle.dumps(reply[2])
+                if b"__main__" in value:
+                    raise pickle.PicklingError("defined on the rank only")
+            except Exception:
+                value = pickle.dumps(proto.Shown(_safe_repr(reply[2])))
+            reply = reply[:2] + (value,)
+        self.send(reply)
 
 
 def _safe_repr(value) -> str:

@@ -11,7 +11,7 @@ pickled tuples over a ``multiprocessing`` pipe. Kernel to rank::
 Rank to kernel::
 
     ("out", req, stream, text)       printed text, tagged with the call that printed it
-    ("done", req, value)             the call finished; value may be a Shown placeholder
+    ("done", req, pickled_value)     the call finished; the value may be a Shown placeholder
     ("error", req, name, traceback)  the call raised; traceback shows the user's frames only
     ("ready", pid) / ("start-failed", traceback)   once, at start
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import pickle
 import re
 import traceback
 
@@ -99,6 +100,14 @@ class Shown:
         return isinstance(other, Shown) and other.text == self.text
 
     __hash__ = None
+
+
+def load_value(data: bytes):
+    """A rank's value, or a Shown saying why this kernel cannot load it."""
+    try:
+        return pickle.loads(data)
+    except Exception as e:
+        return Shown(f"<a value this kernel cannot load: {type(e).__name__}: {e}>")
 
 
 class RankValues(dict):
