@@ -148,6 +148,9 @@ def main() -> None:
     for name, values in rows.items():
         med = statistics.median(values)
         print(f"{name:<8}{med * 1e3:>11.2f}{min(values) * 1e3:>9.2f}{len(values):>6}{med / base:>10.1f}")
+    if "cell" in rows:
+        extra = statistics.median(rows["cell"]) - statistics.median(rows["plain"])
+        print(f"%%ranks over a plain cell: {extra * 1e3:.2f} ms (what the magic and the ranks add to any cell)")
     print(f"ratio: {statistics.median(exec_times) / NBDISTRIBUTED_CELL_S:.4f}")
 
 
