@@ -265,3 +265,23 @@ def test_output_sink_prefixes_whole_lines_and_keeps_other_calls_output_apart(mon
     assert out.getvalue() == "[rank0] a\n[rank0] b\n[rank1] hello\n[rank1] part\n"
     assert errs.getvalue() == "[rank1] warn\n"
     assert late == {0: "from an earlier call\n"}
+
+
+class CountingStream(io.StringIO):
+    flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def test_output_sink_flushes_in_batches_not_per_line(monkeypatch):
+    """A kernel's flush waits for its I/O thread: once per line made a chatty cell 8x slower."""
+    out = CountingStream()
+    monkeypatch.setattr(sys, "stdout", out)
+    sink = OutputSink(req=1, late={})
+    for i in range(1000):
+        sink.write(0, 1, "stdout", f"{i}\n")
+        sink.tick()
+    sink.finish()
+    assert out.getvalue().count("\n") == 1000 and out.getvalue().endswith("[rank0] 999\n")
+    assert 1 <= out.flushes < 50

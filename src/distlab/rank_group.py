@@ -209,12 +209,17 @@ class OutputSink:
     """Rank output shown live in the calling cell, ``[rank1] ...``, whole lines only.
 
     Output tagged with another call (a thread an earlier cell started) never enters this cell:
-    it is kept in ``late`` instead.
+    it is kept in ``late`` instead. Streams are flushed at most every FLUSH_S (a kernel's flush
+    waits for its I/O thread: once per line would slow a chatty cell down) and when the call ends.
     """
+
+    FLUSH_S = 0.1
 
     def __init__(self, req: int, late: dict[int, str]):
         self.req, self.late = req, late
         self.joiner = proto.LineJoiner()
+        self._dirty: set = set()
+        self._flushed = time.monotonic()
 
     def write(self, rank: int, req, stream: str, text: str) -> None:
         if req != self.req:
@@ -222,16 +227,26 @@ class OutputSink:
             return
         self._emit(rank, stream, self.joiner.feed((rank, stream), text))
 
+    def tick(self) -> None:
+        if self._dirty and time.monotonic() - self._flushed >= self.FLUSH_S:
+            self._flush()
+
     def finish(self) -> None:
         for (rank, stream), line in self.joiner.drain():
             self._emit(rank, stream, [line])
+        self._flush()
 
     def _emit(self, rank: int, stream: str, lines: list[str]) -> None:
-        if not lines:
-            return
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        out.write("".join(f"[rank{rank}] {line}\n" for line in lines))
-        out.flush()
+        if lines:
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            out.write("".join(f"[rank{rank}] {line}\n" for line in lines))
+            self._dirty.add(out)
+
+    def _flush(self) -> None:
+        for out in self._dirty:
+            out.flush()
+        self._dirty.clear()
+        self._flushed = time.monotonic()
 
 
 class Conversation:
@@ -274,6 +289,7 @@ class Conversation:
             if self.reason:
                 break
             self._receive(SLICE_S if timeout is None else min(SLICE_S, max(0.0, start + timeout - now)))
+            self.sink.tick()
             if failed_at is None and self.failures():
                 failed_at = time.monotonic()
         self._before_break = len(self._arrival)
@@ -283,6 +299,7 @@ class Conversation:
         deadline = time.monotonic() + INTERRUPT_WAIT_S
         while self.pending and time.monotonic() < deadline:
             self._receive(SLICE_S)
+            self.sink.tick()
         self.still_pending = set(self.pending)
 
     def failures(self) -> list[int]:
