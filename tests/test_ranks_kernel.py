@@ -9,6 +9,8 @@ import psutil
 import pytest
 from nbrun import execute
 
+from distlab import rank_errors as err
+
 pytestmark = pytest.mark.slow
 NOTEBOOK = Path(__file__).with_name("ranks_magic.ipynb")
 
@@ -146,6 +148,9 @@ def alive(pids):
 def test_a_killed_kernel_leaves_no_rank_behind():
     k = Kernel()
     try:
+        ok(k.run("%load_ext distlab"))
+        shown = "".join(text for _, name, text in k.run("%%ranks\nrank")["streams"] if name == "stderr")
+        assert shown == "UsageError: " + err.NO_RANKS + "\n"
         cell = ok(k.run("import os, distlab\nranks = distlab.Ranks(2)\nprint(os.getpid(), *ranks.pids)"))
         kernel_pid, *pids = map(int, stdout(cell).split())
         assert len(alive(pids)) == 2

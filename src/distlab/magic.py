@@ -13,6 +13,7 @@ rank per line). A traceback from a rank names the cell and its own line numbers.
 """
 from __future__ import annotations
 
+from .rank_errors import RanksStoppedError
 from .rank_proto import cell_source
 from .ranks import DEFAULT, current
 
@@ -58,11 +59,16 @@ def ranks_magic(line: str, cell: str):
     """Run the cell on the ranks; return ``{rank: last expression}`` (None when no rank has one)."""
     __tracebackhide__ = True
     from IPython import get_ipython
+    from IPython.core.error import UsageError
 
     selected, timeout = parse_line(line)
+    try:
+        ranks = current()
+    except RanksStoppedError as e:
+        raise UsageError(str(e)) from None  # shown as one line, no traceback
     shell = get_ipython()
     number = shell.execution_count - 1 if shell is not None else 0  # IPython counts the cell before it runs
-    values = current()._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout)
+    values = ranks._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout)
     if isinstance(values, BaseException):
         raise values  # a rank's traceback is in the message; distlab's own frames stay out of the way
     shown = type(values)({r: v for r, v in values.items() if v is not None})
