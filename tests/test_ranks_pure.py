@@ -285,3 +285,14 @@ def test_output_sink_flushes_in_batches_not_per_line(monkeypatch):
     sink.finish()
     assert out.getvalue().count("\n") == 1000 and out.getvalue().endswith("[rank0] 999\n")
     assert 1 <= out.flushes < 50
+
+
+def test_state_messages_word_for_word():
+    assert err.NO_RANKS == "distlab: no warm ranks are running. Start them first, e.g. `ranks = distlab.Ranks(2)`."
+    assert err.CLOSED == ("distlab: these ranks are closed. Start new ones with distlab.Ranks(...), "
+                          "or call ranks.restart().")
+    assert err.STOPPED.format(why="rank 1 died") == (
+        "distlab: these ranks were stopped (rank 1 died). Run ranks.restart() for fresh ranks "
+        "(every variable on the ranks is lost).")
+    assert err.START_FAILED.format(rank=1, problem="exited with code 1", detail="ImportError: x") == (
+        "distlab: rank 1 could not start (exited with code 1).\nImportError: x\nNothing is left running.")
