@@ -1,6 +1,8 @@
 """Warm ranks with real processes: exec, run, subsets, output, failures, timeouts, interrupts, close."""
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,6 +12,7 @@ from fake_kernel import as_main, run_cells
 
 import distlab
 from distlab import rank_errors as err
+from distlab import rank_group
 from distlab.rank_proto import RankValues, Shown
 
 pytestmark = pytest.mark.slow
@@ -221,3 +224,24 @@ def test_close_and_the_end_of_a_with_block_leave_no_rank():
     r.close()  # twice is fine
     with pytest.raises(err.RanksStoppedError, match="these ranks are closed"):
         r.exec("1")
+
+
+def test_a_rank_that_cannot_start_is_named_with_its_output_and_nothing_is_left(monkeypatch):
+    started, real = [], rank_group.start_rank_process
+
+    def second_rank_fails(cfg, fds, log):
+        if cfg["rank"] != 1:
+            proc = real(cfg, fds, log)
+        else:
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([sys.executable, "-c", "print('no torch here'); raise SystemExit(3)"],
+                                        stdout=out, stderr=subprocess.STDOUT, pass_fds=fds)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(rank_group, "start_rank_process", second_rank_fails)
+    with pytest.raises(err.RanksStartError) as info:
+        distlab.Ranks(2)
+    assert str(info.value) == ("distlab: rank 1 could not start (exited with code 3).\nno torch here\n"
+                               "Nothing is left running.")
+    assert len(started) == 2 and gone_soon(started)
