@@ -149,6 +149,17 @@ def test_sockets_stay_on_loopback_and_ranks_are_fresh_interpreters(ranks):
     assert addresses == {"127.0.0.1"}, addresses
 
 
+def test_calls_from_two_threads_do_not_overlap(ranks):
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(v=ranks.exec("import time\ntime.sleep(2)\nrank")))
+    worker.start()
+    time.sleep(0.5)
+    with pytest.raises(err.RanksBusyError, match="busy with another call"):
+        ranks.exec("1")
+    worker.join()
+    assert done["v"] == {0: 0, 1: 1} and ranks.exec("1") == {0: 1, 1: 1}
+
+
 def test_bad_call_arguments_fail_before_anything_is_sent(ranks):
     for kwargs, name in [({"ranks": [2]}, "ranks"), ({"ranks": [0, 0]}, "ranks"), ({"ranks": []}, "ranks"),
                          ({"timeout": 0}, "timeout")]:

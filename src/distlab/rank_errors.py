@@ -64,5 +64,9 @@ class RanksStoppedError(DistlabError, RuntimeError):
     """The ranks are stopped or closed: ``ranks.restart()`` (or new Ranks) is the way on."""
 
 
+class RanksBusyError(DistlabError, RuntimeError):
+    """Another thread is in a call on the same ranks; calls do not overlap."""
+
+
 class RanksStartError(DistlabError, RuntimeError):
     """A rank could not start (or join the process group)."""

@@ -14,6 +14,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import weakref
 from itertools import count
 
@@ -79,8 +80,6 @@ class Ranks:
     # --- life cycle ----------------------------------------------------------------------------
 
     def _start(self) -> None:
-        import time
-
         began = time.perf_counter()
         group = start_group(self.nprocs, self.backend)
         self._group, self._stopped_why = group, ""
@@ -156,7 +155,8 @@ class Ranks:
         config.check_function(fn)
         selected, limit = self._selection(ranks), self._limit(timeout)
         cap = capture.capture(fn, args)  # raises CaptureError before anything is sent
-        units = [(proto.captured_head(cap), f"<distlab: imports for {fn.__name__}>", proto.captured_head(cap))]
+        head = proto.captured_head(cap)
+        units = [(head, f"<distlab: imports for {fn.__name__}>", head)]
         units += [definition_unit(text, fn.__globals__) for text in cap.definitions]
         payload = (units, pickle.dumps(cap.values), cap.entry, pickle.dumps(args))
         outcome = self._call((proto.RUN, *payload), selected, limit, f"ranks.run({fn.__name__})")
@@ -180,14 +180,14 @@ class Ranks:
 
     def _guard(self):
         if not self._lock.acquire(blocking=False):
-            raise err.RanksStoppedError(err.BUSY)
+            raise err.RanksBusyError(err.BUSY)
         return _Release(self._lock)
 
     def _call(self, message: tuple, selected: list[int], timeout, where: str):
         with self._guard():
             if self._group is None:
-                raise err.RanksStoppedError(err.CLOSED if self.state == "closed" else
-                                            err.STOPPED.format(why=self._stopped_why))
+                return err.RanksStoppedError(err.CLOSED if self.state == "closed" else
+                                             err.STOPPED.format(why=self._stopped_why))
             with _InterruptFlag() as flag:
                 conv = Conversation(self._group, next(self._requests), selected, self.late_output, flag)
                 conv.send(message[0], *message[1:])
