@@ -1,6 +1,7 @@
 """Warm ranks with real processes: exec, run, subsets, output, failures, timeouts, interrupts, close."""
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -229,9 +230,10 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code(fragile):
 
 def test_close_and_the_end_of_a_with_block_leave_no_rank():
     with distlab.Ranks(2) as r:
-        pids = r.pids
+        pids, folder = r.pids, r._group.folder  # stack dumps and C-level logs live here
         assert len(alive(pids)) == 2
-    assert gone_soon(pids) and r.state == "closed"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+    assert gone_soon(pids) and r.state == "closed" and not folder.exists()
     r.close()  # twice is fine
     with pytest.raises(err.RanksStoppedError, match="these ranks are closed"):
         r.exec("1")
