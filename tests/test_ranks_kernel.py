@@ -118,6 +118,14 @@ def test_a_failing_rank_raises_with_the_cells_own_line_numbers(kernel):
     assert ok(kernel.run("%%ranks\na + b"))["result"] == "[rank0] 3\n[rank1] 3"
 
 
+def test_ranks_run_names_the_cell_that_defined_the_function(kernel):
+    defined = ok(kernel.run("def share(x):\n    return 1 / x"))
+    name, value = kernel.run("ranks.run(share, 0)")["error"]
+    assert name == "RankError" and "distlab: rank 0 raised ZeroDivisionError in ranks.run(share)" in value
+    assert f'File "Cell In[{defined["count"]}]", line 2, in share\n    return 1 / x' in value
+    assert ok(kernel.run("ranks.run(share, 4)"))["result"] == "[rank0] 0.25\n[rank1] 0.25"
+
+
 def test_kernel_interrupt_stops_a_sleeping_cell_and_keeps_the_ranks(kernel):
     msg_id = kernel.send("%%ranks\nkeep = rank\nimport time\nprint('sleeping')\ntime.sleep(120)")
     started = kernel.wait_for_text(msg_id, "sleeping", 2)
