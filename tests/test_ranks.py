@@ -131,6 +131,12 @@ def test_output_of_a_thread_that_outlives_its_call_stays_out_of_later_calls(rank
     assert ranks.late_output[0] == "late 0\n" and ranks.late_output[1] == "late 1\n"
 
 
+def test_a_thread_that_prints_during_its_own_call_shows_in_that_call(ranks, capsys):
+    ranks.exec("import threading\nth = threading.Thread(target=lambda: print('from a thread', rank))\n"
+               "th.start()\nth.join()")
+    assert sorted(capsys.readouterr().out.splitlines()) == ["[rank0] from a thread 0", "[rank1] from a thread 1"]
+
+
 def test_values_that_cannot_travel_come_back_as_their_repr(ranks):
     values = ranks.exec("class Local:\n    def __repr__(self):\n        return 'Local on ' + str(rank)\nLocal()")
     assert values == {0: Shown("Local on 0"), 1: Shown("Local on 1")}
