@@ -22,6 +22,7 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
     ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
     """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts)
 
 
@@ -29,6 +30,7 @@ def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join
            timeout: float | None = None, view="auto", max_restarts: int = 0) -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
     is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
 
 
@@ -42,6 +44,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     ``nnodes > 1``: this machine is node ``node_rank`` of a c10d rendezvous at ``rdzv_endpoint``
     (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``).
     """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     path = Path(path)
     if not path.is_file():
         raise LaunchArgumentError("path", str(path), "no such file", "Write the script first, or fix the path.")
@@ -65,6 +68,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
 
 
 def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     config.check_function(fn)
     args = config.check_args(args)
     nprocs = config.check_positive_int("nprocs", nprocs)
@@ -110,6 +114,7 @@ class PendingRun:
             self._outcome["error"] = e
 
     def join(self, timeout: float | None = None) -> RunResult:
+        __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"distlab: run {self.plan.run_dir} still running after {timeout}s")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import watch
-from .errors import INTERRUPTED, WorkerFailedError, WorkerTimeoutError
+from .errors import RunInterrupted, WorkerFailedError, WorkerTimeoutError
 from .results import RunResult, collect, read_logs
 
 LOOPBACK_BACKEND = "distlab-loopback"
@@ -69,6 +69,7 @@ def new_run_dir(name: str) -> Path:
 
 def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     """Run the plan to completion; raise a distlab error naming the rank when it fails."""
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     run_json = plan.run_dir / "run.json"
     run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
                                     "single_node": plan.nnodes == 1,
@@ -77,6 +78,7 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     start = time.perf_counter()
     failure = interrupted = None
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    tell_view(view, "begin", plan.run_dir)  # liveview: the view may watch ranks start and return
     watcher.start()
     try:
         with _quiet_torchelastic():
@@ -98,13 +100,31 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
             handler.shutdown()
     wall = time.perf_counter() - start
     result = collect(plan.run_dir, plan.script, plan.world_size, wall, returns=collect_returns and not failure)
+    error = None
     if interrupted is not None:
-        raise KeyboardInterrupt(INTERRUPTED.format(n=plan.world_size, run_dir=plan.run_dir))
-    if watcher.timed_out:
-        raise WorkerTimeoutError(plan.timeout, watcher.stacks, plan.run_dir, result)
-    if failure is not None:
-        raise first_failure_error(failure, plan.run_dir, result)
+        error = RunInterrupted(plan.world_size, plan.run_dir, result)
+    elif watcher.timed_out:
+        error = WorkerTimeoutError(plan.timeout, watcher.stacks, plan.run_dir, result)
+    elif failure is not None:
+        error = first_failure_error(failure, plan.run_dir, result)
+    tell_view(view, "finish", error or result)  # liveview: the cell keeps a static record of the run
+    if error is not None:
+        raise error
     return result
+
+
+def tell_view(view, event: str, *args) -> None:
+    """Call an optional view method (``begin``, ``finish``); views without it, or failing in it,
+    never change how a run ends."""
+    method = getattr(view, event, None)
+    if method is None:
+        return
+    try:
+        method(*args)
+    except Exception as e:  # a display problem must not hide the run's own result or error
+        import warnings
+
+        warnings.warn(f"distlab: the live view failed in {event}(): {e!r}", stacklevel=2)
 
 
 def _launch_agent(plan: Plan, run_json: Path) -> None:
@@ -189,8 +209,16 @@ class _quiet_torchelastic:
     names = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null")
 
     def __enter__(self):
-        self.levels = {n: logging.getLogger(n).level for n in self.names}
-        for n in self.names:
+        # liveview: torchelastic gives each module's logger its own level, so quieting the parents is
+        # not enough ("Received 2 death signal, shutting down workers" reached the cell): import the
+        # modules that log during a run, then quiet every logger below these names.
+        import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
+        import torch.distributed.launcher.api  # noqa: F401
+
+        known = list(logging.root.manager.loggerDict)
+        quiet = set(self.names) | {k for k in known if k.startswith(tuple(n + "." for n in self.names))}
+        self.levels = {n: logging.getLogger(n).level for n in quiet}
+        for n in quiet:
             logging.getLogger(n).setLevel(logging.CRITICAL)
 
     def __exit__(self, *exc):

@@ -65,3 +65,19 @@ class WorkerTimeoutError(DistlabError, TimeoutError):
         self.timeout, self.stacks, self.result = timeout, stacks, result
         text = "\n".join(f"--- rank {r} ---\n{s.rstrip()}" for r, s in sorted(stacks.items()))
         super().__init__(TIMED_OUT.format(timeout=timeout, stacks=text or "(no rank had started)", run_dir=run_dir))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The learner interrupted the kernel; every worker was stopped. Still a KeyboardInterrupt.
+
+    IPython shows ``_render_traceback_()`` instead of a traceback: the cell then leads with what
+    happened (one line) and the run folder, not with distlab's own frames.
+    """
+
+    def __init__(self, n: int, run_dir, result=None):
+        self.n, self.run_dir, self.result = n, run_dir, result
+        super().__init__(INTERRUPTED.format(n=n, run_dir=run_dir))
+
+    def _render_traceback_(self) -> list[str]:
+        head, _, folder = str(self).partition(" Run folder: ")
+        return [head] + ([f"Run folder (script and every rank's log): {folder}"] if folder else [])

@@ -1,0 +1,237 @@
+"""The live view's state and the static record a cell keeps after a run. No processes, no browser."""
+import logging
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from distlab import engine, record
+from distlab.display import WidgetView
+from distlab.errors import INTERRUPTED, RunInterrupted, WorkerFailedError, WorkerTimeoutError
+from distlab.results import RunResult
+
+
+class Blocks(HTMLParser):
+    """The record's ``<details>`` blocks: (rank, open, summary text, body text), in page order."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.blocks, self._where = [], None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "details":
+            self.blocks.append({"rank": int(attrs["data-rank"]), "open": "open" in attrs, "summary": "", "body": ""})
+            self._where = "body"
+        elif tag == "summary":
+            self._where = "summary"
+
+    def handle_endtag(self, tag):
+        self._where = "body" if tag == "summary" else (None if tag == "details" else self._where)
+
+    def handle_data(self, data):
+        if self._where and self.blocks:
+            self.blocks[-1][self._where] += data
+
+
+def board_with_lines(world_size: int, lines_per_rank: int = 3) -> record.Board:
+    board = record.Board(world_size)
+    for rank in range(world_size):
+        for i in range(lines_per_rank):
+            board.line(rank, f"rank {rank} line {i}")
+    return board
+
+
+def test_a_failed_run_shows_the_rank_that_failed_first_on_top_open_and_marked():
+    board = board_with_lines(3)
+    board.line(2, "ValueError: boom")
+    board.finish(record.Outcome("failed", wall_s=2.5, failed_rank=2, exitcode=1))
+    blocks = Blocks(record.record_html(board)).blocks
+    assert [(b["rank"], b["open"]) for b in blocks] == [(2, True), (0, False), (1, False)]
+    assert "✗ failed first (exit code 1)" in blocks[0]["summary"] and "ValueError: boom" in blocks[0]["body"]
+    assert "stopped by distlab" in blocks[1]["summary"]
+    text = record.record_text(board)
+    assert text.splitlines()[0] == "distlab: rank 2 failed first (exit code 1) after 2.5 s; the other ranks were stopped"
+    assert text.index("--- rank 2 ·") < text.index("--- rank 0 ·")
+
+
+def test_a_successful_record_opens_every_rank_and_shows_the_returns():
+    board = board_with_lines(2)
+    board.finish(record.outcome_of(RunResult(Path("/runs/x"), None, 2, returns={0: 0, 1: 2}, wall_s=3.14)))
+    page = record.record_html(board)
+    blocks = Blocks(page).blocks
+    assert [(b["rank"], b["open"]) for b in blocks] == [(0, True), (1, True)]
+    assert "done in 3.1 s" in blocks[1]["summary"] and "rank 1 line 2" in blocks[1]["body"]
+    assert "{0: 0, 1: 2}" in page and "/runs/x" in page
+    assert record.record_text(board).startswith("distlab: 2 ranks done in 3.1 s\n--- rank 0 · done in 3.1 s · 3 lines")
+
+
+def test_the_record_is_plain_html_and_text_with_no_widget():
+    board = board_with_lines(1)
+    board.finish(record.Outcome("done", wall_s=1.0))
+    assert set(record.record_bundle(board)) == {"text/html", "text/plain"}
+
+
+def test_printed_markup_is_shown_as_text_never_run():
+    board = record.Board(1)
+    board.line(0, "<script>alert(1)</script> & <b>")
+    board.finish(record.Outcome("done", wall_s=1.0))
+    page = record.record_html(board)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;" in page
+
+
+def test_the_record_reads_the_complete_log_and_says_what_it_leaves_out():
+    board = record.Board(1)
+    board.line(0, "only the streamed tail")
+    log = "".join(f"line {i}\n" for i in range(record.RECORD_TAIL_LINES + 50))
+    board.finish(record.Outcome("done", wall_s=1.0, logs={0: log}))
+    (block,) = Blocks(record.record_html(board)).blocks
+    assert block["body"].startswith("… 50 earlier lines not shown\nline 50\n")
+    assert f"{record.RECORD_TAIL_LINES + 50} lines" in block["summary"]
+    text = record.record_text(board)
+    assert f"… {record.RECORD_TAIL_LINES + 50 - record.TEXT_TAIL_LINES} earlier lines not shown" in text
+
+
+def test_a_live_pane_keeps_the_latest_lines_in_a_box_that_shows_its_end():
+    board = record.Board(1)
+    for i in range(record.LIVE_TAIL_LINES + 7):
+        board.line(0, f"step {i}")
+    pane = record.tail_box(board.ranks[0].lines, board.ranks[0].count)
+    assert "flex-direction:column-reverse" in pane and "overflow:auto" in pane
+    assert "… 7 earlier lines not shown\nstep 7\n" in pane and pane.endswith(f"step {record.LIVE_TAIL_LINES + 6}</pre></div>")
+
+
+def test_rank_states_from_starting_to_done():
+    board = record.Board(2)
+    assert [s.title() for s in board.ranks] == ["rank 0 · starting", "rank 1 · starting"]
+    board.metric(0, {"loss": 0.5})  # a number without progress: still starting, no step shown
+    assert board.ranks[0].title() == "rank 0 · starting"
+    assert board.metric(0, {"step": 3, "total": 10, "loss": 0.25})
+    board.started(1)
+    assert [s.title() for s in board.ranks] == ["rank 0 · running · 3/10", "rank 1 · running"]
+    board.returned(1, 1.52)
+    board.finish(record.Outcome("done", wall_s=2.0))
+    assert [s.title() for s in board.ranks] == ["rank 0 · done in 2.0 s", "rank 1 · done in 1.5 s"]
+
+
+@pytest.mark.parametrize("value, kind, headline", [
+    (WorkerFailedError(1, 1, "tb", "", "/r", RunResult(Path("/r"), None, 2, wall_s=2.0)), "failed",
+     "rank 1 failed first (exit code 1) after 2.0 s; the other ranks were stopped"),
+    (WorkerTimeoutError(5.0, {}, "/r", RunResult(Path("/r"), None, 2, wall_s=5.5)), "timed out",
+     "timed out after 5.5 s; all ranks were stopped"),
+    (RunInterrupted(2, "/r", RunResult(Path("/r"), None, 2, wall_s=4.0)), "interrupted",
+     "interrupted after 4.0 s; all 2 worker processes were stopped"),
+    (ValueError("not distlab's"), "ended", "ended after 9.0 s"),
+])
+def test_every_way_a_run_ends_has_a_headline(value, kind, headline):
+    outcome = record.outcome_of(value, wall_s=9.0)
+    assert (outcome.kind, outcome.headline(2)) == (kind, headline)
+
+
+def test_the_interrupt_leads_with_one_line_in_a_notebook():
+    e = RunInterrupted(2, "/runs/x")
+    assert isinstance(e, KeyboardInterrupt) and str(e) == INTERRUPTED.format(n=2, run_dir="/runs/x")
+    assert e._render_traceback_() == ["distlab: interrupted; all 2 worker processes were stopped.",
+                                      "Run folder (script and every rank's log): /runs/x"]
+
+
+# ---------------------------------------------------------------------------------------------- widget view
+class FakeShower:
+    def __init__(self):
+        self.shown, self.replaced = [], []
+
+    def show(self, obj, display_id):
+        self.shown.append((obj, display_id))
+
+    def replace(self, bundle, display_id):
+        self.replaced.append((bundle, display_id))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def widget_view():
+    shower, clock = FakeShower(), Clock()
+    view = WidgetView(2, shower=shower, clock=clock)
+    yield view, shower, clock
+    view._stop.set()
+
+
+def test_no_progress_bar_until_a_rank_reports_step_and_total(widget_view):
+    view, _, _ = widget_view
+    view.metric(0, {"loss": 1.0})
+    view.refresh()
+    assert view.bars.children == ()
+    view.metric(1, {"step": 4, "total": 8, "loss": 0.5})
+    view.refresh()
+    (row,) = view.bars.children
+    bar, label = row.children
+    assert (bar.description, bar.value, bar.max) == ("rank 1", 4, 8) and label.value == "4/8  loss=0.5"
+
+
+def test_tabs_show_each_rank_state_and_panes_follow_the_tail(widget_view, tmp_path):
+    view, _, clock = widget_view
+    view.begin(tmp_path)
+    for sub in ("ready", "returns"):
+        (tmp_path / sub).mkdir()
+    view.refresh()
+    assert view.tabs.titles == ("rank 0 · starting", "rank 1 · starting")
+    (tmp_path / "ready" / "rank1").write_text("123")  # rank 1's interpreter is up, it printed nothing yet
+    view.line(0, "hello")
+    view.refresh()
+    assert view.tabs.titles == ("rank 0 · running", "rank 1 · running")
+    assert "hello" in view.panes[0].value and view.panes[0].layout.flex_flow == "column-reverse"
+    clock.now += 1.25
+    (tmp_path / "returns" / "rank1.pt").write_bytes(b"")
+    view.refresh()
+    assert view.tabs.titles[1] == "rank 1 · done in 1.2 s"
+
+
+def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected(widget_view):
+    view, shower, _ = widget_view
+    view.begin("/runs/x")
+    view.line(1, "ValueError: boom")
+    view.close()
+    assert shower.replaced == []  # this engine reports the outcome: the record waits for finish()
+    view.finish(WorkerFailedError(1, 1, "tb", "", "/runs/x"))
+    assert view.tabs.selected_index == 1 and view.tabs.titles[1] == "rank 1 · ✗ failed first (exit code 1)"
+    ((bundle, display_id),) = shower.replaced
+    assert display_id == shower.shown[0][1] and set(bundle) == {"text/html", "text/plain"}
+    assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1
+
+
+def test_an_engine_without_finish_still_leaves_a_record(widget_view):
+    view, shower, clock = widget_view
+    view.line(0, "hi")
+    clock.now += 2.0
+    view.close()
+    ((bundle, _),) = shower.replaced
+    assert bundle["text/plain"].startswith("distlab: ended after 2.0 s\n--- rank 0 · ended · 1 line ---\nhi")
+
+
+# ---------------------------------------------------------------------------------------------- engine hooks
+def test_views_without_the_optional_methods_or_failing_in_them_never_change_the_run():
+    class Old:
+        pass
+
+    class Broken:
+        def finish(self, outcome):
+            raise RuntimeError("display gone")
+
+    engine.tell_view(Old(), "finish", None)
+    with pytest.warns(UserWarning, match=r"the live view failed in finish\(\): RuntimeError"):
+        engine.tell_view(Broken(), "finish", None)
+
+
+def test_torchelastic_log_lines_stay_out_of_the_cell():
+    agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    with engine._quiet_torchelastic():
+        quiet = agent.isEnabledFor(logging.WARNING)  # "Received 2 death signal, shutting down workers"
+    assert not quiet and agent.isEnabledFor(logging.WARNING)
