@@ -12,27 +12,35 @@ from distlab.results import RunResult
 
 
 class Blocks(HTMLParser):
-    """The record's ``<details>`` blocks: (rank, open, summary text, body text), in page order."""
+    """The record's per-rank ``<details>`` blocks, in page order: rank, open, summary, ``earlier`` (the
+    text behind the nested "earlier lines" block) and ``shown`` (the text in view without a click)."""
 
     def __init__(self, page: str):
         super().__init__()
-        self.blocks, self._where = [], None
+        self.blocks, self._stack = [], []
         self.feed(page)
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "details":
-            self.blocks.append({"rank": int(attrs["data-rank"]), "open": "open" in attrs, "summary": "", "body": ""})
-            self._where = "body"
-        elif tag == "summary":
-            self._where = "summary"
+        if tag == "details" and "data-rank" in attrs:
+            self.blocks.append({"rank": int(attrs["data-rank"]), "open": "open" in attrs, "summary": "",
+                                "earlier": "", "shown": ""})
+        if tag in ("details", "summary"):
+            self._stack.append(tag)
 
     def handle_endtag(self, tag):
-        self._where = "body" if tag == "summary" else (None if tag == "details" else self._where)
+        if tag in ("details", "summary") and self._stack:
+            self._stack.pop()
 
     def handle_data(self, data):
-        if self._where and self.blocks:
-            self.blocks[-1][self._where] += data
+        if not self._stack or not self.blocks:
+            return
+        depth = self._stack.count("details")
+        if self._stack[-1] == "summary":
+            key = "summary" if depth == 1 else "earlier"
+        else:
+            key = "shown" if depth == 1 else "earlier"
+        self.blocks[-1][key] += data
 
 
 def board_with_lines(world_size: int, lines_per_rank: int = 3) -> record.Board:
@@ -49,10 +57,11 @@ def test_a_failed_run_shows_the_rank_that_failed_first_on_top_open_and_marked():
     board.finish(record.Outcome("failed", wall_s=2.5, failed_rank=2, exitcode=1))
     blocks = Blocks(record.record_html(board)).blocks
     assert [(b["rank"], b["open"]) for b in blocks] == [(2, True), (0, False), (1, False)]
-    assert "✗ failed first (exit code 1)" in blocks[0]["summary"] and "ValueError: boom" in blocks[0]["body"]
+    assert "✗ failed first (exit code 1)" in blocks[0]["summary"] and blocks[0]["shown"].endswith("ValueError: boom")
     assert "stopped by distlab" in blocks[1]["summary"]
     text = record.record_text(board)
-    assert text.splitlines()[0] == "distlab: rank 2 failed first (exit code 1) after 2.5 s; the other ranks were stopped"
+    assert text.splitlines()[0] == ("distlab: rank 2 failed first (exit code 1) after 2.5 s; "
+                                    "the other ranks were stopped")
     assert text.index("--- rank 2 ·") < text.index("--- rank 0 ·")
 
 
@@ -62,9 +71,17 @@ def test_a_successful_record_opens_every_rank_and_shows_the_returns():
     page = record.record_html(board)
     blocks = Blocks(page).blocks
     assert [(b["rank"], b["open"]) for b in blocks] == [(0, True), (1, True)]
-    assert "done in 3.1 s" in blocks[1]["summary"] and "rank 1 line 2" in blocks[1]["body"]
+    assert "done in 3.1 s" in blocks[1]["summary"]
+    assert blocks[1]["shown"] == "rank 1 line 0\nrank 1 line 1\nrank 1 line 2"
     assert "{0: 0, 1: 2}" in page and "/runs/x" in page
     assert record.record_text(board).startswith("distlab: 2 ranks done in 3.1 s\n--- rank 0 · done in 3.1 s · 3 lines")
+
+
+def test_an_interrupted_record_leads_with_the_headline_and_keeps_ranks_a_click_away():
+    board = board_with_lines(2)
+    board.finish(record.Outcome("interrupted", wall_s=4.0))
+    assert [(b["open"], b["summary"]) for b in Blocks(record.record_html(board)).blocks] == [
+        (False, "rank 0 · interrupted · 3 lines"), (False, "rank 1 · interrupted · 3 lines")]
 
 
 def test_the_record_is_plain_html_and_text_with_no_widget():
@@ -81,25 +98,34 @@ def test_printed_markup_is_shown_as_text_never_run():
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;" in page
 
 
-def test_the_record_reads_the_complete_log_and_says_what_it_leaves_out():
+def test_the_record_shows_the_last_lines_and_keeps_the_earlier_ones_a_click_away():
     board = record.Board(1)
     board.line(0, "only the streamed tail")
-    log = "".join(f"line {i}\n" for i in range(record.RECORD_TAIL_LINES + 50))
-    board.finish(record.Outcome("done", wall_s=1.0, logs={0: log}))
+    n = record.RECORD_TAIL_LINES + 50
+    board.finish(record.Outcome("done", wall_s=1.0, logs={0: "".join(f"line {i}\n" for i in range(n))}))
     (block,) = Blocks(record.record_html(board)).blocks
-    assert block["body"].startswith("… 50 earlier lines not shown\nline 50\n")
-    assert f"{record.RECORD_TAIL_LINES + 50} lines" in block["summary"]
+    assert f"{n} lines" in block["summary"]
+    assert block["shown"] == "\n".join(f"line {i}" for i in range(n - record.RECORD_SHOWN_LINES, n))
+    assert block["earlier"].startswith(f"{n - record.RECORD_SHOWN_LINES} earlier lines"
+                                       "… 50 older lines: res.logs or the run folder\nline 50\n")
+    assert block["earlier"].endswith(f"line {n - record.RECORD_SHOWN_LINES - 1}")
     text = record.record_text(board)
-    assert f"… {record.RECORD_TAIL_LINES + 50 - record.TEXT_TAIL_LINES} earlier lines not shown" in text
+    assert f"… {n - record.TEXT_TAIL_LINES} earlier lines not shown\nline {n - record.TEXT_TAIL_LINES}\n" in text
 
 
-def test_a_live_pane_keeps_the_latest_lines_in_a_box_that_shows_its_end():
+def test_a_rank_that_printed_nothing_says_so():
+    board = record.Board(1)
+    board.finish(record.Outcome("done", wall_s=1.0))
+    (block,) = Blocks(record.record_html(board)).blocks
+    assert (block["summary"], block["shown"]) == ("rank 0 · done in 1.0 s · no output", "(printed nothing)")
+
+
+def test_a_live_pane_keeps_the_latest_lines():
     board = record.Board(1)
     for i in range(record.LIVE_TAIL_LINES + 7):
         board.line(0, f"step {i}")
-    pane = record.tail_box(board.ranks[0].lines, board.ranks[0].count)
-    assert "flex-direction:column-reverse" in pane and "overflow:auto" in pane
-    assert "… 7 earlier lines not shown\nstep 7\n" in pane and pane.endswith(f"step {record.LIVE_TAIL_LINES + 6}</pre></div>")
+    pane = record.pane_html(board.ranks[0].lines, board.ranks[0].count)
+    assert "… 7 earlier lines not shown\nstep 7\n" in pane and pane.endswith(f"step {record.LIVE_TAIL_LINES + 6}</pre>")
 
 
 def test_rank_states_from_starting_to_done():
@@ -132,8 +158,35 @@ def test_every_way_a_run_ends_has_a_headline(value, kind, headline):
 def test_the_interrupt_leads_with_one_line_in_a_notebook():
     e = RunInterrupted(2, "/runs/x")
     assert isinstance(e, KeyboardInterrupt) and str(e) == INTERRUPTED.format(n=2, run_dir="/runs/x")
-    assert e._render_traceback_() == ["distlab: interrupted; all 2 worker processes were stopped.",
+    assert e._render_traceback_() == ["\x1b[0;31mdistlab: interrupted; all 2 worker processes were stopped.\x1b[0m",
                                       "Run folder (script and every rank's log): /runs/x"]
+
+
+def test_a_worker_failure_leads_with_the_failed_rank_not_distlab_frames():
+    e = WorkerFailedError(1, 1, "Traceback (most recent call last):\n  File boom.py\nValueError: boom\n", "up", "/r")
+    lines = e._render_traceback_()
+    assert lines[0] == "\x1b[0;31mWorkerFailedError: distlab: rank 1 failed first (exit code 1); " \
+                       "the other ranks were stopped.\x1b[0m"
+    assert lines[1:4] == ["Traceback (most recent call last):", "  File boom.py", "ValueError: boom"]
+
+
+def _deep_inside_distlab():
+    raise WorkerFailedError(1, 1, "ValueError: boom\n", "", "/r")
+
+
+def test_ipython_shows_the_message_not_the_frames_it_came_through(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns["launch"] = _deep_inside_distlab
+        shell.run_cell("launch()")
+    finally:
+        InteractiveShell.clear_instance()
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[0].endswith("WorkerFailedError: distlab: rank 1 failed first (exit code 1); "
+                                          "the other ranks were stopped.\x1b[0m"), shown
+    assert "_deep_inside_distlab" not in shown and "ValueError: boom" in shown
 
 
 # ---------------------------------------------------------------------------------------------- widget view

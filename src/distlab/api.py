@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import capture, config, engine, script
+from . import capture, config, engine, origins, script
 from .display import make_view
 from .errors import LaunchArgumentError
 from .results import RunResult
@@ -77,6 +77,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
     run_dir = engine.new_run_dir(fn.__name__)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
+    origins.save(path, fn.__globals__)  # liveview: worker tracebacks name the notebook cell of each frame
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
                        max_restarts=max_restarts, script=path)
     if join:

@@ -84,7 +84,7 @@ class WidgetView:
         self.run_dir: Path | None = None
         self.header = w.HTML(self._header_html())
         self.bars = w.VBox([])  # stays empty (draws nothing) until a rank reports progress
-        self.panes = [w.HTML(record.tail_box([], 0, "starting…"), layout=PANE_LAYOUT) for _ in range(world_size)]
+        self.panes = [w.HTML(record.pane_html([], 0, "starting…"), layout=PANE_LAYOUT) for _ in range(world_size)]
         self.tabs = w.Tab(children=self.panes, titles=[s.title() for s in self.board.ranks])
         self.box = w.VBox([self.header, self.bars, self.tabs])
         self._bar_widgets: dict[int, tuple] = {}
@@ -151,7 +151,7 @@ class WidgetView:
             for rank in sorted(dirty):
                 state = self.board.ranks[rank]
                 if rank < len(self.panes):
-                    self.panes[rank].value = record.tail_box(state.lines, state.count, "running, printed nothing yet")
+                    self.panes[rank].value = record.pane_html(state.lines, state.count, "running, printed nothing yet")
                 if state.total:
                     self._draw_bar(state)
             self._draw_titles()

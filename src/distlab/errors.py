@@ -27,6 +27,11 @@ INTERRUPTED = "distlab: interrupted; all {n} worker processes were stopped. Run 
 class DistlabError(Exception):
     """Base class for every error distlab raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback through distlab's own frames: the message,
+        which already names the rank, carries that rank's traceback and says what to do next."""
+        return notebook_message(type(self).__name__, str(self))
+
 
 class LaunchArgumentError(DistlabError, ValueError):
     """An argument is wrong; raised before any process starts."""
@@ -80,4 +85,10 @@ class RunInterrupted(KeyboardInterrupt):
 
     def _render_traceback_(self) -> list[str]:
         head, _, folder = str(self).partition(" Run folder: ")
-        return [head] + ([f"Run folder (script and every rank's log): {folder}"] if folder else [])
+        return notebook_message("", head) + ([f"Run folder (script and every rank's log): {folder}"] if folder else [])
+
+
+def notebook_message(name: str, message: str) -> list[str]:
+    """The lines of an error as a notebook shows them: the first in red, as IPython does."""
+    first, *rest = message.splitlines() or [""]
+    return [f"\x1b[0;31m{name + ': ' if name else ''}{first}\x1b[0m", *rest]

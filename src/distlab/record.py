@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 LIVE_TAIL_LINES = 500  # a live pane shows the latest lines, as a terminal's scrollback would
 RECORD_TAIL_LINES = 200  # per rank in the saved record (the full log stays in res.logs / the run folder)
+RECORD_SHOWN_LINES = 25  # of those, shown without a click: the end, where a traceback is
 TEXT_TAIL_LINES = 40  # per rank in the text/plain fallback
 MAX_LINE_CHARS = 1000
 OPEN_RANKS_WHEN_DONE = 4  # a successful run shows every rank's block open up to this many ranks
 
-# A scroll box that starts (and stays) at its bottom end: the newest line is in view, as in a
-# terminal. CSS only (a flex column in reverse), so it works in a saved page without scripts.
-TAIL_BOX_STYLE = "max-height:24em;overflow:auto;display:flex;flex-direction:column-reverse"
+# No scroll boxes in the record: JupyterLab's sanitizer, GitHub and nbviewer keep or drop CSS as they
+# please, so the end of a rank's output (its traceback) must be in view by structure, not by style.
 PRE_STYLE = "margin:0;padding:0.3em 0.5em;line-height:1.35;white-space:pre-wrap;word-break:break-word"
 FAILED_STYLE = "color:var(--jp-error-color1,#c62828);font-weight:bold"
 
@@ -161,15 +161,30 @@ class Board:
 
 
 # ---------------------------------------------------------------------------------------------- HTML
-def tail_box(lines, total: int, placeholder: str = "") -> str:
-    """A rank's latest lines in a box that shows its bottom end (live panes and the record)."""
+def pane_html(lines, total: int, placeholder: str = "") -> str:
+    """A rank's latest lines for a live pane (the pane's own layout keeps its bottom end in view)."""
     lines = list(lines)
     if not lines:
         return f'<div style="opacity:0.6;padding:0.3em 0.5em"><i>{html.escape(placeholder)}</i></div>'
     hidden = total - len(lines)
     note = f"… {hidden} earlier line{'s' * (hidden != 1)} not shown\n" if hidden > 0 else ""
-    text = html.escape(note + "\n".join(lines))
-    return f'<div style="{TAIL_BOX_STYLE}"><pre style="{PRE_STYLE}">{text}</pre></div>'
+    return f'<pre style="{PRE_STYLE}">{html.escape(note + chr(10).join(lines))}</pre>'
+
+
+def _output_html(lines: list[str], total: int) -> str:
+    """The last lines in view; the ones before them one click away; what is older, counted."""
+    if not lines:
+        return '<div style="opacity:0.6;padding:0.3em 0.5em"><i>(printed nothing)</i></div>'
+    earlier, shown = lines[:-RECORD_SHOWN_LINES], lines[-RECORD_SHOWN_LINES:]
+    older = total - len(lines)
+    parts = []
+    if earlier:
+        note = f"… {older} older line{'s' * (older != 1)}: res.logs or the run folder\n" if older > 0 else ""
+        parts.append(f'<details class="distlab-earlier"><summary>{len(earlier) + max(older, 0)} earlier '
+                     f'lines</summary><pre style="{PRE_STYLE}">{html.escape(note + chr(10).join(earlier))}</pre>'
+                     "</details>")
+    parts.append(f'<pre style="{PRE_STYLE}">{html.escape(chr(10).join(shown))}</pre>')
+    return "".join(parts)
 
 
 def record_order(board: Board) -> list[RankState]:
@@ -181,6 +196,8 @@ def _is_open(board: Board, state: RankState) -> bool:
     kind = board.outcome.kind if board.outcome else "ended"
     if kind == "failed":
         return state.phase == "failed"
+    if kind == "interrupted":
+        return False  # the learner stopped it: the headline says so, where each rank was is a click away
     return state.count > 0 and len(board.ranks) <= OPEN_RANKS_WHEN_DONE
 
 
@@ -202,13 +219,13 @@ def record_html(board: Board) -> str:
              f"{html.escape(outcome.headline(len(board.ranks)))}</div>"]
     for state in record_order(board):
         lines, total = _rank_lines(board, state, RECORD_TAIL_LINES)
-        count = f"{total} line{'s' * (total != 1)}"
+        count = f"{total} line{'s' * (total != 1)}" if total else "no output"
         label = html.escape(state.label())
         if state.phase == "failed":
             label = f'<span style="{FAILED_STYLE}">{label}</span>'
         parts.append(f'<details{" open" * _is_open(board, state)} data-rank="{state.rank}">'
                      f"<summary>rank {state.rank} · {label} · {count}</summary>"
-                     f"{tail_box(lines, total, placeholder='(printed nothing)')}</details>")
+                     f"{_output_html(lines, total)}</details>")
     if outcome.returns and not failed:
         parts.append(f"<div><code>returns</code>: <code>{html.escape(_short_repr(outcome.returns))}</code></div>")
     if outcome.run_dir:
