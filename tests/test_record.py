@@ -258,6 +258,8 @@ def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected
     ((bundle, display_id),) = shower.replaced
     assert display_id == shower.shown[0][1] and set(bundle) == {"text/html", "text/plain"}
     assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1
+    (inside,) = view.box.children  # where the output cannot be replaced (join=False), the widget shows it
+    assert inside.value == bundle["text/html"]
 
 
 def test_an_engine_without_finish_still_leaves_a_record(widget_view):

@@ -121,7 +121,14 @@ class WidgetView:
             self.finish(None)
 
     def finish(self, outcome) -> None:
-        """Replace the widgets by the static record: what the saved notebook will hold."""
+        """Replace the widgets by the static record: what the saved notebook will hold.
+
+        The output is replaced by display id while the launching cell still runs (``join=True``).
+        A ``join=False`` run ends after its cell did, when JupyterLab no longer routes updates to
+        it: there the widget itself shows the record for the rest of the session.
+        """
+        import ipywidgets as w
+
         with self._lock:
             if self._recorded:
                 return
@@ -131,9 +138,13 @@ class WidgetView:
             self._draw_titles()
             if self.board.outcome.failed_rank is not None and self.board.outcome.failed_rank < len(self.panes):
                 self.tabs.selected_index = self.board.outcome.failed_rank
-            self.shower.replace(record.record_bundle(self.board), self.display_id)
-            for widget in (self.box, self.header, self.bars, self.tabs, *self.panes):
-                widget.close()  # the models are not needed once the record is shown
+            bundle = record.record_bundle(self.board)
+            self.shower.replace(bundle, self.display_id)
+            live = (self.header, self.bars, self.tabs, *self.panes, *(x for pair in self._bar_widgets.values()
+                                                                        for x in pair))
+            self.box.children = (w.HTML(bundle["text/html"]),)
+            for widget in live:
+                widget.close()  # what the learner watched live is not needed once the record is shown
 
     # ------------------------------------------------------------------ drawing
     def _tick_loop(self) -> None:
