@@ -282,7 +282,7 @@ def test_live_lines_then_a_record_that_survives_save_and_reopen(lab, browser, sh
         again.wait(lambda: f"rank 1 step {STEPS - 1}" in again.outputs(2), "rank 1's output after reopening")
         again.shot("3-reopened")
         assert "Error displaying widget" not in again.text()
-        assert again.cell(2).locator("details").count() == 2
+        assert again.cell(2).locator("details[data-rank]").count() == 2
     finally:
         again.close()
 
@@ -297,6 +297,9 @@ def test_a_failure_shows_the_failed_rank_first_and_interrupt_leaves_no_worker(la
         first = nb.cell(2).locator("details").first
         assert first.get_attribute("data-rank") == "1" and first.get_attribute("open") is not None
         assert "ValueError: boom on rank 1" in first.inner_text()
+        assert "(from the notebook: Cell In[2], line 4, in boom)" in first.inner_text()  # where the learner looks
+        error = nb.cell(2).locator("[data-mime-type='application/vnd.jupyter.stderr']").last.inner_text()
+        assert error.startswith("WorkerFailedError: distlab: rank 1 failed first (exit code 1)"), error[:300]
         out = nb.outputs(2)
         assert out.lstrip().startswith("distlab: rank 1 failed first"), out[:300]
         assert out.index("rank 1 · ✗ failed first") < out.index("rank 0 · stopped by distlab"), out[:600]

@@ -135,10 +135,11 @@ def test_rank_states_from_starting_to_done():
     assert board.ranks[0].title() == "rank 0 · starting"
     assert board.metric(0, {"step": 3, "total": 10, "loss": 0.25})
     board.started(1)
-    assert [s.title() for s in board.ranks] == ["rank 0 · running · 3/10", "rank 1 · running"]
+    assert [s.title() for s in board.ranks] == ["rank 0 · 3/10", "rank 1 · running"]
     board.returned(1, 1.52)
     board.finish(record.Outcome("done", wall_s=2.0))
-    assert [s.title() for s in board.ranks] == ["rank 0 · done in 2.0 s", "rank 1 · done in 1.5 s"]
+    assert [s.title() for s in board.ranks] == ["rank 0 ✓ 2.0 s", "rank 1 ✓ 1.5 s"]
+    assert [s.label() for s in board.ranks] == ["done in 2.0 s", "done in 1.5 s"]
 
 
 @pytest.mark.parametrize("value, kind, headline", [
@@ -244,7 +245,7 @@ def test_tabs_show_each_rank_state_and_panes_follow_the_tail(widget_view, tmp_pa
     clock.now += 1.25
     (tmp_path / "returns" / "rank1.pt").write_bytes(b"")
     view.refresh()
-    assert view.tabs.titles[1] == "rank 1 · done in 1.2 s"
+    assert view.tabs.titles[1] == "rank 1 ✓ 1.2 s"
 
 
 def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected(widget_view):
@@ -254,7 +255,7 @@ def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected
     view.close()
     assert shower.replaced == []  # this engine reports the outcome: the record waits for finish()
     view.finish(WorkerFailedError(1, 1, "tb", "", "/runs/x"))
-    assert view.tabs.selected_index == 1 and view.tabs.titles[1] == "rank 1 · ✗ failed first (exit code 1)"
+    assert view.tabs.selected_index == 1 and view.tabs.titles == ("rank 0 · stopped", "rank 1 ✗ failed first")
     ((bundle, display_id),) = shower.replaced
     assert display_id == shower.shown[0][1] and set(bundle) == {"text/html", "text/plain"}
     assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1

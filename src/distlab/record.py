@@ -54,9 +54,14 @@ class RankState:
         return self.phase
 
     def title(self) -> str:
-        """A tab title: the rank and its state, e.g. ``rank 1 · ✗ failed first (exit code 1)``."""
-        progress = f" · {self.step}/{self.total}" if self.phase == "running" and self.total else ""
-        return f"rank {self.rank} · {self.label()}{progress}"
+        """A tab title, short (a tab shows about 20 characters): ``rank 1 ✓ 2.1 s``, ``rank 1 ✗ failed first``."""
+        if self.phase == "done":
+            return f"rank {self.rank} ✓ " + (f"{self.done_s:.1f} s" if self.done_s is not None else "done")
+        if self.phase == "failed":
+            return f"rank {self.rank} ✗ failed first"
+        if self.phase == "running" and self.total:
+            return f"rank {self.rank} · {self.step}/{self.total}"
+        return f"rank {self.rank} · {'stopped' if self.phase == 'stopped' else self.phase}"
 
 
 @dataclass
