@@ -81,3 +81,17 @@ def test_the_scripts_own_call_into_distlab_is_left_out(tmp_path, monkeypatch):
         text = worker.user_traceback(e)
     assert "_distlab.main(" not in text and "in <module>" not in text
     assert f'File "{path}", line' in text and "(from the notebook: Cell In[3], line 4, in boom)" in text
+
+
+def test_a_deep_recursion_still_collapses_its_repeated_frames(tmp_path):
+    ns = run_cells("def down(n):\n    return down(n + 1)\n")
+    path = tmp_path / "down.py"
+    path.write_text(script.render(capture.capture(ns["down"]), args=(0,), nprocs=1, style="spawn", backend="gloo",
+                                  filename=path.name))
+    origins.save(path, ns, lambda filename: "Cell In[1]")
+    try:
+        runpy.run_path(str(path), run_name="not_main")["down"](0)
+    except RecursionError as e:
+        text = worker.user_traceback(e)
+    assert "more times]" in text and len(text.splitlines()) < 20, text[:2000]
+    assert "    (from the notebook: Cell In[1], line 2, in down)\n" in text

@@ -92,15 +92,19 @@ def place(filename: str, lineno: int, cache: dict | None = None) -> str | None:
     return f"{o['where']}, line {o['line'] + lineno - o['first']}, in {o['qualname']}"
 
 
+class _NotebookStack(traceback.StackSummary):
+    """A stack that formats like Python's own (repeated frames collapse, as in a RecursionError),
+    plus the notebook place under each frame of a generated script (Python 3.11+)."""
+
+    def format_frame_summary(self, frame) -> str:
+        text = super().format_frame_summary(frame)
+        where = place(frame.filename, frame.lineno, self._origins) if frame.filename.endswith(".py") else None
+        return text + f"    (from the notebook: {where})\n" if where else text
+
+
 def format_frames(frames) -> str:
     """``traceback.format_list`` plus, under each frame of a generated script, the notebook place."""
-    cache: dict = {}
-    out = []
-    for frame in frames:
-        if (frame.line or "").startswith(SCRIPT_ENTRY):
-            continue  # the generated script's own last line, calling the learner's function: not their code
-        out.append(traceback.format_list([frame])[0])
-        where = place(frame.filename, frame.lineno, cache) if frame.filename.endswith(".py") else None
-        if where:
-            out.append(f"    (from the notebook: {where})\n")
-    return "".join(out)
+    kept = [f for f in frames if not (f.line or "").startswith(SCRIPT_ENTRY)]  # the script's call into distlab
+    stack = _NotebookStack(kept)  # (from_list would build a plain StackSummary)
+    stack._origins = {}
+    return "".join(stack.format())
