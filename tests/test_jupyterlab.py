@@ -41,6 +41,8 @@ LIVE_CELLS = [
     "def work(rank):\n"
     f"    for i in range({STEPS}):\n"
     "        print(f'rank {rank} step {i}', flush=True)\n"
+    "        if rank == 0:\n"
+    f"            distlab.report(step=i + 1, total={STEPS})\n"
     "        time.sleep(0.1)\n"
     "    return rank * 10",
     "res = distlab.spawn(work, nprocs=2)",
@@ -258,6 +260,8 @@ def test_live_lines_then_a_record_that_survives_save_and_reopen(lab, browser, sh
         running = nb.prompt(2)
         nb.shot("1-running")
         assert running == "[*]:", f"the lines arrived only after the cell finished (prompt {running})"
+        bars = nb.cell(2).locator(".widget-progress")
+        assert bars.count() == 1 and "rank 0" in bars.first.inner_text()  # only the rank that reports progress
         nb.wait(lambda: f"rank 0 step {STEPS - 4}" in nb.outputs(2), "more lines than the pane can hold")
         pane = nb.cell(2).evaluate(PANE_GEOMETRY_JS)
         nb.shot("1b-following-the-tail")

@@ -128,6 +128,14 @@ def test_a_live_pane_keeps_the_latest_lines():
     assert "… 7 earlier lines not shown\nstep 7\n" in pane and pane.endswith(f"step {record.LIVE_TAIL_LINES + 6}</pre>")
 
 
+def test_ranks_a_script_started_itself_report_progress_but_get_no_empty_block():
+    board = record.Board(1)  # run_script(mode="python"): one process, whose mp.spawn children report
+    board.line(0, "printed by every rank of the script")
+    board.metric(1, {"step": 1, "total": 2})
+    board.finish(record.Outcome("done", wall_s=1.0))
+    assert [b["rank"] for b in Blocks(record.record_html(board)).blocks] == [0]
+
+
 def test_rank_states_from_starting_to_done():
     board = record.Board(2)
     assert [s.title() for s in board.ranks] == ["rank 0 · starting", "rank 1 · starting"]

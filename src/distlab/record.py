@@ -193,8 +193,11 @@ def _output_html(lines: list[str], total: int) -> str:
 
 
 def record_order(board: Board) -> list[RankState]:
-    """The rank that failed first on top (it is the root cause), then every rank in order."""
-    return sorted(board.ranks, key=lambda s: (s.phase != "failed", s.rank))
+    """The rank that failed first on top (it is the root cause), then every rank in order. Ranks a
+    script started itself (``run_script(mode="python")``) report metrics but print into the launched
+    process's log: they get no block of their own."""
+    shown = [s for s in board.ranks if s.rank < board.world_size or s.count]
+    return sorted(shown, key=lambda s: (s.phase != "failed", s.rank))
 
 
 def _is_open(board: Board, state: RankState) -> bool:
