@@ -1,6 +1,7 @@
 """Worker tracebacks name the notebook cell each frame of the generated script came from. No processes."""
 import runpy
 
+import pytest
 from fake_kernel import run_cells
 
 from distlab import capture, origins, script, worker
@@ -95,3 +96,15 @@ def test_a_deep_recursion_still_collapses_its_repeated_frames(tmp_path):
         text = worker.user_traceback(e)
     assert "more times]" in text and len(text.splitlines()) < 20, text[:2000]
     assert "    (from the notebook: Cell In[1], line 2, in down)\n" in text
+
+
+def test_a_namespace_that_cannot_be_read_never_stops_a_launch(tmp_path):
+    class Odd(dict):
+        def get(self, *args):
+            raise RuntimeError("odd namespace")
+
+    path = tmp_path / "f.py"
+    path.write_text("def f(rank):\n    return rank\n")
+    with pytest.warns(UserWarning, match="will not name notebook cells: RuntimeError"):
+        origins.save(path, Odd(), lambda filename: "Cell In[1]")
+    assert not origins.origins_path(path).exists()

@@ -70,8 +70,17 @@ def _code_of(namespace: dict, qualname: str):
 
 
 def save(script: Path, namespace: dict, label=ipython_cell_label) -> None:
-    """Write ``<script>.origins.json``; a script whose functions have no notebook place gets none."""
-    found = origins(Path(script).read_text(), namespace, label)
+    """Write ``<script>.origins.json``; a script whose functions have no notebook place gets none.
+
+    Only a help for reading tracebacks: if it cannot be worked out, the launch goes on without it.
+    """
+    try:
+        found = origins(Path(script).read_text(), namespace, label)
+    except Exception as e:  # e.g. an object in the namespace whose attributes raise
+        import warnings
+
+        warnings.warn(f"distlab: worker tracebacks will not name notebook cells: {e!r}", stacklevel=2)
+        return
     if found:
         origins_path(script).write_text(json.dumps(found, indent=1))
 
