@@ -157,7 +157,9 @@ def test_rank_states_from_starting_to_done():
      "timed out after 5.5 s; all ranks were stopped"),
     (RunInterrupted(2, "/r", RunResult(Path("/r"), None, 2, wall_s=4.0)), "interrupted",
      "interrupted after 4.0 s; all 2 worker processes were stopped"),
-    (ValueError("not distlab's"), "ended", "ended after 9.0 s"),
+    (RuntimeError("distlab: run cancelled; all 2 worker processes were stopped. Run folder: /r"), "ended",
+     "run cancelled; all 2 worker processes were stopped."),
+    (ValueError(), "ended", "ValueError"),
 ])
 def test_every_way_a_run_ends_has_a_headline(value, kind, headline):
     outcome = record.outcome_of(value, wall_s=9.0)

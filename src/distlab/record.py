@@ -75,6 +75,7 @@ class Outcome:
     logs: dict[int, str] | None = None  # complete logs read from the run folder, when known
     returns: dict | None = None
     run_dir: str = ""
+    message: str = ""  # for any other end: the first line of what the engine raised
 
     def headline(self, world_size: int) -> str:
         after = f" after {self.wall_s:.1f} s" if self.wall_s is not None else ""
@@ -87,7 +88,7 @@ class Outcome:
             return f"timed out{after}; all ranks were stopped"
         if self.kind == "interrupted":
             return f"interrupted{after}; all {world_size} worker processes were stopped"
-        return f"ended{after}"
+        return self.message or f"ended{after}"
 
 
 def outcome_of(value, wall_s: float | None = None) -> Outcome:
@@ -103,8 +104,9 @@ def outcome_of(value, wall_s: float | None = None) -> Outcome:
         return Outcome("timed out", **common)
     if isinstance(value, BaseException) and hasattr(value, "rank"):
         return Outcome("failed", failed_rank=value.rank, exitcode=getattr(value, "exitcode", None), **common)
-    if isinstance(value, BaseException):
-        return Outcome("ended", **common)
+    if isinstance(value, BaseException):  # e.g. a cancelled run, or the agent itself failing
+        first = (str(value).splitlines() or [""])[0].split(" Run folder: ")[0]
+        return Outcome("ended", message=first.removeprefix("distlab: ") or type(value).__name__, **common)
     return Outcome("done", returns=getattr(result, "returns", None), **common)
 
 
