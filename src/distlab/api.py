@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import capture, config, engine, script
+from . import capture, config, engine, origins, script
 from .compat import check_torch
 from .display import make_view
 from .errors import LaunchArgumentError
@@ -24,6 +24,7 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
     ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
     """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts)
 
 
@@ -31,6 +32,7 @@ def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join
            timeout: float | None = None, view="auto", max_restarts: int = 0) -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
     is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
 
 
@@ -48,6 +50,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     the notebook's kernel, but use multi-node runs only on a network whose machines you trust.
     ``timeout`` also bounds the wait for the other nodes.
     """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     path = Path(path)
     if not path.is_file():
         raise LaunchArgumentError("path", str(path), "no such file", "Write the script first, or fix the path.")
@@ -73,6 +76,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
 
 
 def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     config.check_function(fn)
     args = config.check_args(args)
     nprocs = config.check_positive_int("nprocs", nprocs)
@@ -82,6 +86,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     check_torch()
     run_dir = engine.new_run_dir(fn.__name__)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
+    origins.save(path, fn.__globals__)  # liveview: worker tracebacks name the notebook cell of each frame
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
                        max_restarts=max_restarts, script=path)
     if join:
@@ -133,6 +138,7 @@ class PendingRun:
         return self._done.is_set()
 
     def join(self, timeout: float | None = None) -> RunResult:
+        __tracebackhide__ = True  # IPython shows the learner's cell, not distlab's frames
         try:
             finished = self._done.wait(timeout)
         except KeyboardInterrupt:

@@ -40,10 +40,10 @@ from .compat import check_torch
 from .errors import (
     AGENT_FAILED,
     CANCELLED,
-    INTERRUPTED,
     NEVER_STARTED,
     DistlabError,
     RunCancelledError,
+    RunInterrupted,
     WorkerFailedError,
     WorkerTimeoutError,
 )
@@ -112,6 +112,7 @@ class Outcome:
 
 def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     """Run the plan to completion; raise a distlab error naming the rank when it fails."""
+    __tracebackhide__ = True  # IPython shows the learner's cell, not distlab's frames
     check_torch()
     folder = plan.folder
     write_private(folder.run_json, json.dumps(run_config(plan)))
@@ -119,20 +120,25 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     watcher = watch.Watcher(folder, plan.elastic_run_id, plan.world_size, view, plan.timeout,
                             cancel=plan.cancel, never_started=never)
     start = time.perf_counter()
+    tell_view(view, "begin", folder.path)  # the view may watch ranks start and return
     outcome = run_to_the_end(plan, watcher)
     wall = time.perf_counter() - start
     ok = outcome.failures is None and outcome.error is None
     result = collect(folder.path, plan.script, plan.world_size, wall, returns=collect_returns and ok)
+    error = None
     if outcome.interrupted:
-        raise KeyboardInterrupt(INTERRUPTED.format(n=plan.world_size, run_dir=folder.path))
-    if watcher.cancelled:
-        raise RunCancelledError(CANCELLED.format(n=plan.world_size, run_dir=folder.path))
-    if watcher.timed_out:
-        raise WorkerTimeoutError(plan.timeout, watcher.stacks, folder.path, result)
-    if outcome.failures:
-        raise first_failure_error(SimpleNamespace(failures=outcome.failures), folder.path, result)
-    if outcome.error:
-        raise DistlabError(AGENT_FAILED.format(error=outcome.error.rstrip(), run_dir=folder.path))
+        error = RunInterrupted(plan.world_size, folder.path, result)
+    elif watcher.cancelled:
+        error = RunCancelledError(CANCELLED.format(n=plan.world_size, run_dir=folder.path))
+    elif watcher.timed_out:
+        error = WorkerTimeoutError(plan.timeout, watcher.stacks, folder.path, result)
+    elif outcome.failures:
+        error = first_failure_error(SimpleNamespace(failures=outcome.failures), folder.path, result)
+    elif outcome.error:
+        error = DistlabError(AGENT_FAILED.format(error=outcome.error.rstrip(), run_dir=folder.path))
+    tell_view(view, "finish", error or result)  # the cell keeps a static record of the run
+    if error is not None:
+        raise error
     return result
 
 
@@ -223,6 +229,20 @@ def failure_record(failure) -> dict:
     """The parts of torchelastic's ProcessFailure distlab reports, as JSON-able data."""
     return {"exitcode": failure.exitcode, "error_file": str(failure.error_file), "message": failure.message,
             "timestamp": int(failure.timestamp)}
+
+
+def tell_view(view, event: str, *args) -> None:
+    """Call an optional view method (``begin``, ``finish``); views without it, or failing in it,
+    never change how a run ends."""
+    method = getattr(view, event, None)
+    if method is None:
+        return
+    try:
+        method(*args)
+    except Exception as e:  # a display problem must not hide the run's own result or error
+        import warnings
+
+        warnings.warn(f"distlab: the live view failed in {event}(): {e!r}", stacklevel=2)
 
 
 def _launch_agent(plan: Plan, run_json: Path) -> None:
@@ -326,11 +346,23 @@ class quiet_torchelastic:
         cls = type(self)
         with cls._lock:
             if cls._depth == 0:
-                cls._saved = {n: logging.getLogger(n).level for n in self.names}
-                for n in self.names:
+                quiet = self.loggers()
+                cls._saved = {n: logging.getLogger(n).level for n in quiet}
+                for n in quiet:
                     logging.getLogger(n).setLevel(logging.CRITICAL)
             cls._depth += 1
         return self
+
+    @classmethod
+    def loggers(cls) -> set[str]:
+        """These names and every logger below them: torchelastic gives each module's logger its own
+        level, so quieting the parents alone let "Received 2 death signal, shutting down workers"
+        reach the cell. The modules that log during a run are imported first so their loggers exist."""
+        import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
+        import torch.distributed.launcher.api  # noqa: F401
+
+        below = tuple(n + "." for n in cls.names)
+        return set(cls.names) | {k for k in list(logging.root.manager.loggerDict) if k.startswith(below)}
 
     def __exit__(self, *exc):
         cls = type(self)

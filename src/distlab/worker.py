@@ -147,7 +147,9 @@ def user_traceback(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     runtime = ("distlab/worker.py", "distlab/_start.py", "runpy.py", "<frozen runpy>")
     keep = [f for f in frames if not f.filename.endswith(runtime)]
-    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(keep or frames))
+    from .origins import format_frames  # liveview: frames of notebook code also name their cell
+
+    text = "Traceback (most recent call last):\n" + format_frames(keep or frames)
     return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
