@@ -242,3 +242,49 @@ def test_data_parallel_figure_draws_every_step_for_every_device():
     assert {"scatter", "replicate", "parallel_apply", "gather"} <= set(texts)
     assert [t for t in texts if t.startswith("slice")] == ["slice 0\n(GPU 0)", "slice 1\n(GPU 1)", "slice 2\n(GPU 2)"]
     assert sum(t.startswith("replica ") for t in texts) == 3
+
+
+# --- chapter 2: who hosts a store, who is connected, the torchrun figure ---------------------------
+
+def test_listening_pids_names_the_process_that_hosts_a_port():
+    import os
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert ch2.listening_pids(s.getsockname()[1]) == {os.getpid()}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        assert ch2.listening_pids(s.getsockname()[1]) == set()  # bound, not listening
+
+
+def test_tcp_links_and_connected_recognise_the_two_ends_of_a_connection():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                links = ch2.tcp_links()
+                mine = [link for link in links if link[1] == client.getsockname()[1]]
+                theirs = [link for link in links if link[1] == server.getsockname()[1]]
+                assert mine == [("127.0.0.1", client.getsockname()[1], "127.0.0.1", server.getsockname()[1])]
+                assert ch2.connected(set(mine), set(theirs)) and ch2.connected(set(theirs), set(mine))
+                assert not ch2.connected(set(mine), {("127.0.0.1", 1, "127.0.0.1", 2)})
+
+
+def test_check_rank_sum(capsys):
+    ch2.check_rank_sum(6.0, world_size=3)
+    assert capsys.readouterr().out.startswith("correct")
+    with pytest.raises(AssertionError, match="sums"):
+        ch2.check_rank_sum(3.0, world_size=3)
+
+
+def test_torchrun_figure_draws_agent_store_and_one_worker_per_rank():
+    from distlab.plots.process_group import plot_torchrun
+
+    texts = [t.get_text() for t in plot_torchrun(nproc=3).axes[0].texts]
+    assert "torchrun\n(elastic agent)" in texts and "TCPStore\nMASTER_ADDR:MASTER_PORT" in texts
+    assert [t for t in texts if t.startswith("rank ")] == [f"rank {r}\nRANK={r} LOCAL_RANK={r}" for r in range(3)]
+    assert texts.count("gloo / NCCL") == 2  # one link between each pair of neighbouring boxes
+
