@@ -288,3 +288,10 @@ def test_torchrun_figure_draws_agent_store_and_one_worker_per_rank():
     assert [t for t in texts if t.startswith("rank ")] == [f"rank {r}\nRANK={r} LOCAL_RANK={r}" for r in range(3)]
     assert texts.count("gloo / NCCL") == 2  # one link between each pair of neighbouring boxes
 
+
+def test_check_buffers_to_save(capsys):
+    ch3.check_buffers_to_save(" B")
+    assert capsys.readouterr().out.startswith("correct")
+    for wrong, hint in [("a", "differs from rank 0's"), ("c", "does not average"), ("x", "Choose one")]:
+        with pytest.raises(AssertionError, match=hint):
+            ch3.check_buffers_to_save(wrong)
