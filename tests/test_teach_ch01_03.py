@@ -271,6 +271,7 @@ def test_tcp_links_and_connected_recognise_the_two_ends_of_a_connection():
                 assert mine == [("127.0.0.1", client.getsockname()[1], "127.0.0.1", server.getsockname()[1])]
                 assert ch2.connected(set(mine), set(theirs)) and ch2.connected(set(theirs), set(mine))
                 assert not ch2.connected(set(mine), {("127.0.0.1", 1, "127.0.0.1", 2)})
+                assert not ch2.connected(set(mine), set(theirs), ignore_ports={server.getsockname()[1]})
 
 
 def test_check_rank_sum(capsys):

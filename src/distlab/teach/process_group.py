@@ -79,10 +79,12 @@ def tcp_links() -> set[tuple]:
             if c.status == psutil.CONN_ESTABLISHED and c.raddr}
 
 
-def connected(links_a: set, links_b: set) -> bool:
+def connected(links_a: set, links_b: set, ignore_ports=()) -> bool:
     """Whether a TCP connection joins two processes, given each one's :func:`tcp_links`: one end's
-    local address is the other end's remote address."""
-    return any((rip, rport, lip, lport) in links_b for lip, lport, rip, rport in links_a)
+    local address is the other end's remote address. Connections to or from ``ignore_ports`` (a store
+    one of them hosts, say) do not count."""
+    return any((rip, rport, lip, lport) in links_b for lip, lport, rip, rport in links_a
+               if lport not in ignore_ports and rport not in ignore_ports)
 
 
 def reach(addresses) -> str:
