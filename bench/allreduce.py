@@ -26,7 +26,8 @@ def sweep(rank, world_size, sizes, target_s, reps):
     """One rank: gloo's all_reduce and the book's ring over every size (see measure_all_reduce)."""
     import torch.distributed as dist
 
-    from distlab.teach.collectives import measure_all_reduce, ring_all_reduce
+    from distlab.teach.collectives import measure_all_reduce
+    from distlab.teach.ring import ring_all_reduce  # the reference copy of chapter 5's ring (a test keeps them equal)
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     impls = {"gloo": lambda t: dist.all_reduce(t), "ring": ring_all_reduce}

@@ -119,16 +119,6 @@ def test_widgets_only_where_a_jupyter_server_started_the_kernel(monkeypatch):
     assert not widgets_can_render({})  # nbclient (CI, the book build)
 
 
-def test_widget_view_has_a_pane_per_rank_and_progress():
-    from distlab.display import WidgetView
-
-    view = WidgetView(2)
-    view.line(1, "hello")
-    view.metric(0, {"step": 3, "total": 10})
-    assert view.panes[1].outputs[0]["text"] == "hello\n" and view.panes[0].outputs == ()
-    assert (view.progress.value, view.progress.max) == (3, 10)
-
-
 def test_a_rank_that_died_in_c_code_is_named_not_the_survivor_reporting_it(tmp_path):
     (tmp_path / "logs").mkdir()
     survivor = _failure(tmp_path, 0, 1000.05)

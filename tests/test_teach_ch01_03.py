@@ -1,19 +1,31 @@
 """Teaching helpers of chapters 1-3 (DP vs DDP, process-group setup, ToyModel): no processes launched,
 except the process pool of the GIL experiment."""
 import socket
+import subprocess
+import sys
+import time
 from datetime import timedelta
 
 import matplotlib
 import pytest
 import torch
-import torch.nn.functional as F
 
 from distlab.teach import dp_vs_ddp as ch1
+from distlab.teach import intro
 from distlab.teach import process_group as ch2
 from distlab.teach import toy as ch3
 from distlab.teach.models import ToyModel
 
 matplotlib.use("Agg")
+
+
+# --- introduction -------------------------------------------------------------------------------
+
+def test_child_output_collects_what_a_child_process_writes_to_the_descriptor():
+    code = "import sys; print('to stdout'); print('to stderr', file=sys.stderr)"
+    with intro.child_stdout() as out, intro.child_stderr() as err:
+        subprocess.run([sys.executable, "-c", code], check=True)
+    assert out == ["to stdout"] and err == ["to stderr"]
 
 
 # --- chapter 1 ----------------------------------------------------------------------------------
@@ -33,26 +45,33 @@ def test_threads_never_keep_more_than_one_core_busy():
 
 
 def test_gil_experiment_reports_every_kind():
-    results = ch1.gil_experiment(iterations=50_000, workers=2, rounds=1)
-    assert set(results) == set(ch1.KINDS)
+    results, rounds = ch1.gil_experiment(iterations=50_000, workers=2, rounds=1, max_rounds=1)
+    assert set(results) == set(ch1.KINDS) and rounds == 1
     assert all(r["wall"] > 0 and r["cores"] > 0 for r in results.values())
     assert results["threads"]["cores"] <= 1.1
     assert ch1.speedups(results)["serial"] == 1.0
 
 
+def test_gil_experiment_goes_on_while_the_rounds_are_unfair_and_stops_at_its_limits():
+    # a pure-Python loop this short never keeps two processes busy for 1.5 cores: always unfair
+    _, rounds = ch1.gil_experiment(iterations=10, workers=2, rounds=1, max_rounds=3, max_seconds=60)
+    assert rounds == 3
+    _, rounds = ch1.gil_experiment(iterations=10, workers=2, rounds=2, max_rounds=50, max_seconds=0)
+    assert rounds == 2
+
+
+def test_unfair_names_what_kept_the_measurement_from_testing_the_claims():
+    fair = {"serial": {"cores": 0.95}, "threads": {"cores": 1.0}, "processes": {"cores": 1.8}}
+    assert ch1.unfair(fair) == []
+    busy_serial = fair | {"serial": {"cores": 0.5}}
+    assert ch1.unfair(busy_serial) == ["the serial run got 0.50 cores (needs 0.9)"]
+    one_core = fair | {"processes": {"cores": 1.0}}
+    assert ch1.unfair(one_core) == ["the two processes got 1.00 cores (need 1.5)"]
+
+
 def test_speedups_divide_serial_by_each_kind():
     got = ch1.speedups({"serial": {"wall": 2.0}, "threads": {"wall": 2.0}, "processes": {"wall": 1.0}})
     assert got == {"serial": 1.0, "threads": 1.0, "processes": 2.0}
-
-
-def test_data_parallel_cpu_matches_the_module_forward_and_backward():
-    torch.manual_seed(0)
-    model, x, y = ToyModel(), torch.randn(8, 10), torch.randn(8, 5)
-    F.mse_loss(ch1.data_parallel_cpu(model, x, replicas=4), y).backward()
-    dp_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    reference = ch1.full_batch_grads(model, x, y)
-    assert torch.allclose(ch1.data_parallel_cpu(model, x, 3), model(x), atol=1e-6)
-    assert ch3.max_abs_diff(dp_grads, reference) < 1e-6
 
 
 def test_shard_splits_evenly_and_refuses_uneven_batches():
@@ -73,10 +92,15 @@ def test_averaged_shard_gradients_equal_the_full_batch_gradient():
     assert torch.allclose(summed["net2.bias"], 20 * reference["net2.bias"], rtol=1e-4)
 
 
-def test_time_steps_reports_milliseconds_per_call():
+def test_time_steps_reports_milliseconds_per_timed_call():
     calls = []
-    ms = ch1.time_steps(lambda: calls.append(1), steps=5, warmup=2)
-    assert len(calls) == 7 and ms >= 0
+
+    def step():
+        calls.append(1)
+        time.sleep(0.02 if len(calls) > 2 else 0.5)  # the two warm-up calls are slow and not timed
+
+    ms = ch1.time_steps(step, steps=5, warmup=2)
+    assert len(calls) == 7 and 20 <= ms < 400
 
 
 def test_check_sum_loss_factor(capsys):
@@ -209,3 +233,66 @@ def test_plots_return_figures():
     assert len(plots.plot_grad_agreement(grads, {0: grads, 1: grads}).axes) == 1
     fig = plots.plot_replica_drift([0.0, 0.0], [1e-4, 2e-4])
     assert len(fig.axes[0].lines) == 2
+
+
+def test_data_parallel_figure_draws_every_step_for_every_device():
+    from distlab.plots import dp_vs_ddp as plots
+
+    texts = [t.get_text() for t in plots.plot_data_parallel_step(devices=3).axes[0].texts]
+    assert {"scatter", "replicate", "parallel_apply", "gather"} <= set(texts)
+    assert [t for t in texts if t.startswith("slice")] == ["slice 0\n(GPU 0)", "slice 1\n(GPU 1)", "slice 2\n(GPU 2)"]
+    assert sum(t.startswith("replica ") for t in texts) == 3
+
+
+# --- chapter 2: who hosts a store, who is connected, the torchrun figure ---------------------------
+
+def test_listening_pids_names_the_process_that_hosts_a_port():
+    import os
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert ch2.listening_pids(s.getsockname()[1]) == {os.getpid()}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        assert ch2.listening_pids(s.getsockname()[1]) == set()  # bound, not listening
+
+
+def test_tcp_links_and_connected_recognise_the_two_ends_of_a_connection():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                links = ch2.tcp_links()
+                mine = [link for link in links if link[1] == client.getsockname()[1]]
+                theirs = [link for link in links if link[1] == server.getsockname()[1]]
+                assert mine == [("127.0.0.1", client.getsockname()[1], "127.0.0.1", server.getsockname()[1])]
+                assert ch2.connected(set(mine), set(theirs)) and ch2.connected(set(theirs), set(mine))
+                assert not ch2.connected(set(mine), {("127.0.0.1", 1, "127.0.0.1", 2)})
+                assert not ch2.connected(set(mine), set(theirs), ignore_ports={server.getsockname()[1]})
+
+
+def test_check_rank_sum(capsys):
+    ch2.check_rank_sum(6.0, world_size=3)
+    assert capsys.readouterr().out.startswith("correct")
+    with pytest.raises(AssertionError, match="sums"):
+        ch2.check_rank_sum(3.0, world_size=3)
+
+
+def test_torchrun_figure_draws_agent_store_and_one_worker_per_rank():
+    from distlab.plots.process_group import plot_torchrun
+
+    texts = [t.get_text() for t in plot_torchrun(nproc=3).axes[0].texts]
+    assert "torchrun\n(elastic agent)" in texts and "TCPStore\nMASTER_ADDR:MASTER_PORT" in texts
+    assert [t for t in texts if t.startswith("rank ")] == [f"rank {r}\nRANK={r} LOCAL_RANK={r}" for r in range(3)]
+    assert texts.count("gloo / NCCL") == 2  # one link between each pair of neighbouring boxes
+
+
+def test_check_buffers_to_save(capsys):
+    ch3.check_buffers_to_save(" B")
+    assert capsys.readouterr().out.startswith("correct")
+    for wrong, hint in [("a", "differs from rank 0's"), ("c", "does not average"), ("x", "Choose one")]:
+        with pytest.raises(AssertionError, match=hint):
+            ch3.check_buffers_to_save(wrong)

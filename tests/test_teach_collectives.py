@@ -25,14 +25,19 @@ def test_combine_every_op():
     assert C.combine(xs, "MIN").tolist() == [1, 1]
     assert C.combine(xs, "MAX").tolist() == [3, 4]
     assert C.combine(xs, "AVG").tolist() == pytest.approx([2, 7 / 3])
+    ints = [T([1, 1]), T([2, 2]), T([3, 4]), T([4, 8])]
+    assert C.combine(ints, "BAND").tolist() == [0, 0]
+    assert C.combine(ints, "BOR").tolist() == [7, 15]
+    assert C.combine(ints, "BXOR").tolist() == [4, 15]
 
 
 def test_op_name_accepts_reduce_ops_and_rejects_unknown_ones():
     import torch.distributed as dist
 
     assert C.op_name(dist.ReduceOp.PRODUCT) == "PRODUCT" and C.op_name("avg") == "AVG"
+    assert C.op_name(dist.ReduceOp.BXOR) == "BXOR"
     with pytest.raises(ValueError, match="unknown reduce op"):
-        C.op_name("BXOR")
+        C.op_name("PREMUL_SUM")
 
 
 def test_rooted_references_give_results_only_on_the_root():
@@ -103,6 +108,24 @@ def test_add_on_this_thread_adds_every_element():
     assert torch.equal(dst, src)
 
 
+def test_count_sent_bytes_counts_what_goes_through_isend_and_restores_it(monkeypatch):
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "isend", lambda tensor, dst, **kw: calls.append((tensor.numel(), dst)) or "work")
+
+    def two_sends():
+        assert dist.isend(torch.zeros(3), 1) == "work"
+        dist.isend(torch.zeros(5, dtype=torch.float64), 2)
+
+    fake = dist.isend
+    assert C.count_sent_bytes(two_sends) == 3 * 4 + 5 * 8
+    assert calls == [(3, 1), (5, 2)] and dist.isend is fake
+    with pytest.raises(ZeroDivisionError):
+        C.count_sent_bytes(lambda: 1 / 0)
+    assert dist.isend is fake
+
+
 def test_bandwidth_definitions():
     assert C.algbw(1e9, 0.5) == 2e9
     assert C.busbw(1e9, 0.5, 2) == 2e9  # n=2: 2(n-1)/n = 1
@@ -139,7 +162,10 @@ def test_exercise_checks_accept_right_answers(capsys):
     C.check_ring_bytes(2 * 7 / 8 * 64 * 2**20)
     C.check_bandwidth(6.71, 11.74)
     C.check_which_collective(dict(C.SCENARIOS))
-    assert capsys.readouterr().out.count("correct") == 4
+    before = ranks([1], [2], [3], [4])
+    C.check_group_all_reduce({r: {"result": (before[r], T([4.0]) if r else before[r])} for r in range(4)},
+                             ranks=[1, 2, 3], op="MAX")
+    assert capsys.readouterr().out.count("correct") == 5
 
 
 def test_exercise_checks_reject_wrong_answers_with_hints():
@@ -153,6 +179,9 @@ def test_exercise_checks_reject_wrong_answers_with_hints():
         C.check_bandwidth(6.71, 6.71)
     with pytest.raises(AssertionError, match="Who has the data"):
         C.check_which_collective({})
+    before = ranks([1], [2], [3], [4])
+    with pytest.raises(AssertionError, match="rank 0 ended with"):  # rank 0 is outside the group
+        C.check_group_all_reduce({r: {"result": (before[r], T([4.0]))} for r in range(4)}, ranks=[1, 2, 3], op="MAX")
 
 
 # --- plots ---------------------------------------------------------------------------------------------------
@@ -188,12 +217,48 @@ def test_timeline_and_bandwidth_plots():
     assert len(fig.axes[0].lines) == 3
 
 
+# --- the chapter's ring and its reference copy are the same code -------------------------------------------
+
+def _definitions(source: str) -> dict:
+    """Top-level functions, classes and assignments of some source, by name, as syntax trees."""
+    import ast
+
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = ast.dump(node)
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.dump(node)
+    return out
+
+
+def test_the_chapters_ring_is_the_reference_copy_definition_by_definition():
+    import inspect
+    import json
+    from pathlib import Path
+
+    from distlab.teach import ring
+
+    nb = json.loads((Path(__file__).parents[1] / "book" / "05_collectives.ipynb").read_text())
+    chapter = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and not "".join(cell["source"]).lstrip().startswith(("%", "!")):
+            chapter.update(_definitions("".join(cell["source"])))
+    reference = {k: v for k, v in _definitions(inspect.getsource(ring)).items()}
+    assert set(reference) == {"CHUNK_BYTES", "Ring", "SERIAL_NUMEL", "add_on_this_thread", "reduce_scatter_phase",
+                              "all_gather_phase", "prepare_ring", "ring_all_reduce", "ring_reduce_scatter"}
+    for name, tree in reference.items():
+        assert name in chapter, f"chapter 5 does not define {name}"
+        assert chapter[name] == tree, f"chapter 5's {name} differs from distlab.teach.ring.{name}"
+
+
 # --- on real ranks (slow): the ring equals dist.all_reduce --------------------------------------------------------
 
 def ring_versus_all_reduce(rank, world_size):
     import torch.distributed as dist
 
-    from distlab.teach.collectives import measure_all_reduce, ring_all_reduce
+    from distlab.teach.collectives import measure_all_reduce
+    from distlab.teach.ring import ring_all_reduce
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     equal = []

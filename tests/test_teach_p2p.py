@@ -77,3 +77,14 @@ def test_check_ring_shift(capsys):
         check_ring_shift(everyone_sends)
     with pytest.raises(AssertionError, match="Give a program"):
         check_ring_shift({0: []})
+
+
+def test_check_shift_right_on_real_ranks_results(capsys):
+    from distlab.teach.p2p import check_shift_right
+
+    check_shift_right({0: 3.0, 1: 0.0, 2: 1.0, 3: 2.0})
+    assert "correct" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="Rank 0 returned 0.0"):
+        check_shift_right({0: 0.0, 1: 0.0, 2: 1.0, 3: 2.0})
+    with pytest.raises(AssertionError, match="Run it on 4 ranks"):
+        check_shift_right({0: 1.0, 1: 0.0})

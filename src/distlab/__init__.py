@@ -2,6 +2,7 @@
 
 Front ends: :func:`spawn` (``torch.multiprocessing.spawn``'s signature), :func:`launch`
 (torchrun style) and :func:`run_script`. Inside workers: :func:`report`, :func:`device`.
+Warm ranks kept between cells: :class:`Ranks`, and the ``%%ranks`` magic (``%load_ext distlab``).
 """
 from .api import PendingRun, backend, device, launch, run_script, spawn
 from .errors import (
@@ -11,11 +12,19 @@ from .errors import (
     WorkerFailedError,
     WorkerTimeoutError,
 )
+from .ranks import Ranks
 from .results import RunResult
 from .worker import report
 
 __all__ = [
-    "spawn", "launch", "run_script", "device", "backend", "report", "RunResult", "PendingRun",
+    "spawn", "launch", "run_script", "device", "backend", "report", "RunResult", "PendingRun", "Ranks",
     "DistlabError", "LaunchArgumentError", "CaptureError", "WorkerFailedError", "WorkerTimeoutError",
 ]
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext distlab``: adds the ``%%ranks`` cell magic (see :mod:`distlab.magic`)."""
+    from .magic import register
+
+    register(ipython)

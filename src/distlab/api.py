@@ -9,10 +9,12 @@ import os
 import threading
 from pathlib import Path
 
-from . import capture, config, engine, script
+from . import capture, config, engine, origins, script
+from .compat import check_torch
 from .display import make_view
 from .errors import LaunchArgumentError
 from .results import RunResult
+from .runfolder import RunFolder, open_private, write_private
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
@@ -22,6 +24,7 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
     ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
     """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts)
 
 
@@ -29,6 +32,7 @@ def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join
            timeout: float | None = None, view="auto", max_restarts: int = 0) -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
     is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
 
 
@@ -40,8 +44,13 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     ``mode="torchrun"``: like ``torchrun --nproc-per-node N path args`` (RANK etc. set per rank).
     ``mode="python"``: like ``python path args``: one process; the script starts its own ranks.
     ``nnodes > 1``: this machine is node ``node_rank`` of a c10d rendezvous at ``rdzv_endpoint``
-    (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``).
+    (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``). torch's c10d
+    rendezvous unpickles what it reads from its store, so whoever can reach ``rdzv_endpoint`` can
+    run code as you in the agent process: distlab runs that agent in a child process, never in
+    the notebook's kernel, but use multi-node runs only on a network whose machines you trust.
+    ``timeout`` also bounds the wait for the other nodes.
     """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     path = Path(path)
     if not path.is_file():
         raise LaunchArgumentError("path", str(path), "no such file", "Write the script first, or fix the path.")
@@ -55,9 +64,11 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     if nnodes > 1 and not rdzv_endpoint:
         raise LaunchArgumentError("rdzv_endpoint", rdzv_endpoint, "is needed when nnodes > 1",
                                   'For example "127.0.0.1:29400".')
+    timeout = config.check_timeout(timeout)
+    check_torch()
     plan = engine.Plan(
         run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
-        target_args=[str(a) for a in args], timeout=config.check_timeout(timeout),
+        target_args=[str(a) for a in args], timeout=timeout,
         max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
         plain_python=mode == "python", rdzv_id=rdzv_id,
     )
@@ -65,14 +76,17 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
 
 
 def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     config.check_function(fn)
     args = config.check_args(args)
     nprocs = config.check_positive_int("nprocs", nprocs)
     timeout = config.check_timeout(timeout)
     config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
+    check_torch()
     run_dir = engine.new_run_dir(fn.__name__)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
+    origins.save(path, fn.__globals__)  # liveview: worker tracebacks name the notebook cell of each frame
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
                        max_restarts=max_restarts, script=path)
     if join:
@@ -81,41 +95,66 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
 
 
 def write_script(run_dir: Path, captured, args: tuple, nprocs: int, style: str, backend: str) -> Path:
-    """Write ``<fn>.py`` and, for values that are not source, ``values.pt``/``args.pt`` beside it."""
+    """Write ``<fn>.py`` and, for values that are not source, ``values.pt``/``args.pt`` beside it
+    (files only you can read: the workers run and unpickle them)."""
     import torch
 
-    path = run_dir / f"{captured.entry}.py"
-    path.write_text(script.render(captured, args=args, nprocs=nprocs, style=style, backend=backend,
-                                  filename=path.name))
-    if captured.values:
-        torch.save(captured.values, run_dir / "values.pt")
-    if script.needs_args_file(args):
-        torch.save(args, run_dir / "args.pt")
+    folder = RunFolder(run_dir)
+    path = folder.script(captured.entry)
+    write_private(path, script.render(captured, args=args, nprocs=nprocs, style=style, backend=backend,
+                                      filename=path.name))
+    for name, value, needed in (("values", captured.values, bool(captured.values)),
+                                ("args", args, script.needs_args_file(args))):
+        if needed:
+            with open_private(folder.data(name), "wb") as f:
+                torch.save(value, f)
     return path
 
 
 class PendingRun:
-    """A launch running in a background thread (``join=False``); ``join()`` returns its result."""
+    """A launch running in a background thread (``join=False``).
+
+    ``join()`` returns its result (or raises its error); a Ctrl-C while waiting leaves the run
+    going and joinable again. ``cancel()`` stops it.
+    """
 
     def __init__(self, plan: engine.Plan, view):
         self.plan = plan
-        self._outcome: dict = {}
-        self._thread = threading.Thread(target=self._run, args=(view,), daemon=True)
+        self._done = threading.Event()  # not Thread.join: a Ctrl-C inside it can corrupt the thread's state
+        self._result = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(view,), daemon=True,
+                                        name=f"distlab-run-{plan.run_id}")
         self._thread.start()
 
     def _run(self, view) -> None:
         try:
-            self._outcome["result"] = engine.execute(self.plan, view)
+            self._result = engine.execute(self.plan, view)
         except BaseException as e:  # handed to join()
-            self._outcome["error"] = e
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def join(self, timeout: float | None = None) -> RunResult:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        __tracebackhide__ = True  # IPython shows the learner's cell, not distlab's frames
+        try:
+            finished = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"distlab: stopped waiting; run {self.plan.run_dir} is still running. "
+                                    "Call join() again, or cancel() to stop it.") from None
+        if not finished:
             raise TimeoutError(f"distlab: run {self.plan.run_dir} still running after {timeout}s")
-        if "error" in self._outcome:
-            raise self._outcome["error"]
-        return self._outcome["result"]
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def cancel(self, timeout: float | None = 60) -> bool:
+        """Stop every rank of this run; returns once it has ended (True) or after ``timeout``.
+        ``join()`` then raises :class:`~distlab.errors.RunCancelledError` (unless it had finished)."""
+        self.plan.cancel.set()
+        return self._done.wait(timeout)
 
 
 def device(rank: int | None = None):

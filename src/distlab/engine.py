@@ -1,9 +1,23 @@
-"""One engine under spawn/launch/run_script: torchelastic's agent, run in this process.
+"""One engine under spawn/launch/run_script: torchelastic's agent.
 
 ``elastic_launch`` (torchrun's engine) starts the ranks, writes per-rank logs and error files,
 stops survivors when a rank fails and restarts on request. distlab adds: a store it hosts on
 127.0.0.1 only (torch's ``TCPStore`` otherwise listens on every interface), live output, a
-timeout with stacks, and clean ends on interrupt.
+timeout with stacks, cancellation, and clean ends on interrupt.
+
+Where the agent runs:
+
+* one node: in this process (the kernel), with distlab's loopback rendezvous, which exchanges
+  no pickled data;
+* several nodes (``nnodes > 1``): torch's c10d rendezvous unpickles what it reads from its
+  store, and whoever reaches ``rdzv_endpoint`` can write there. That agent runs in a child
+  process (``python -m distlab._agent``), never in the kernel; its ranks' output streams from
+  the run folder as usual. It still runs as you: see the README's "On a shared machine".
+
+Cleanup (watcher, agent process, workers, store) always runs to its end: a Ctrl-C that arrives
+during it is held back, and only afterwards are the kernel's own signal handlers put back.
+Nothing torch raised is kept: a failure is copied into plain records, so an exception that
+IPython holds on to does not hold the agent, or its store, alive.
 """
 from __future__ import annotations
 
@@ -11,20 +25,32 @@ import json
 import logging
 import os
 import signal
-import socket
+import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import SimpleNamespace
 
-from . import watch
-from .errors import INTERRUPTED, WorkerFailedError, WorkerTimeoutError
+from . import rendezvous, watch
+from .compat import check_torch
+from .errors import (
+    AGENT_FAILED,
+    CANCELLED,
+    NEVER_STARTED,
+    DistlabError,
+    RunCancelledError,
+    RunInterrupted,
+    WorkerFailedError,
+    WorkerTimeoutError,
+)
 from .results import RunResult, collect, read_logs
+from .runfolder import RunFolder, open_private, write_private
 
-LOOPBACK_BACKEND = "distlab-loopback"
-_HANDLERS: dict = {}  # run_id -> the loopback rendezvous of a live single-node run
+LOOPBACK_BACKEND = rendezvous.LOOPBACK_BACKEND
 
 
 @dataclass
@@ -44,6 +70,7 @@ class Plan:
     plain_python: bool = False  # run TARGET like `python TARGET`: no torchrun variables
     rdzv_id: str = "distlab"  # the c10d rendezvous id shared by all nodes (nnodes > 1)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
     def elastic_run_id(self) -> str:
@@ -54,57 +81,168 @@ class Plan:
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
+    @property
+    def folder(self) -> RunFolder:
+        return RunFolder(self.run_dir)
+
+    def to_json(self) -> dict:
+        """The plan for the out-of-process agent (``distlab._agent``)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "cancel"}
+        return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        paths = {k: Path(data[k]) for k in ("run_dir", "target", "script") if data.get(k)}
+        return cls(**{**data, **paths})
+
 
 def new_run_dir(name: str) -> Path:
-    """A fresh per-run folder under $DISTLAB_RUNS (default: <tmp>/distlab-runs)."""
-    import tempfile
+    """A fresh private run folder (see :mod:`distlab.runfolder` for where and how)."""
+    return RunFolder.create(name).path
 
-    root = Path(os.environ.get("DISTLAB_RUNS", Path(tempfile.gettempdir()) / "distlab-runs"))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = root / f"{stamp}-{name}-{uuid.uuid4().hex[:6]}"
-    for sub in ("logs", "stacks", "ready", "returns", "metrics"):
-        (path / sub).mkdir(parents=True, exist_ok=True)
-    return path
+
+@dataclass
+class Outcome:
+    """How the agent ended, as plain data (no torch object, so no store kept alive)."""
+
+    interrupted: bool = False
+    failures: dict | None = None  # rank -> SimpleNamespace(exitcode, error_file, message, timestamp)
+    error: str | None = None  # an unexpected agent error, as text
 
 
 def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
     """Run the plan to completion; raise a distlab error naming the rank when it fails."""
-    run_json = plan.run_dir / "run.json"
-    run_json.write_text(json.dumps({"run_dir": str(plan.run_dir), "parent_pid": os.getpid(),
-                                    "single_node": plan.nnodes == 1,
-                                    "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}))
-    watcher = watch.Watcher(plan.run_dir, plan.elastic_run_id, plan.world_size, view, plan.timeout)
+    __tracebackhide__ = True  # IPython shows the learner's cell, not distlab's frames
+    check_torch()
+    folder = plan.folder
+    write_private(folder.run_json, json.dumps(run_config(plan)))
+    never = NEVER_STARTED.format(endpoint=plan.rdzv_endpoint) if plan.nnodes > 1 else None
+    watcher = watch.Watcher(folder, plan.elastic_run_id, plan.world_size, view, plan.timeout,
+                            cancel=plan.cancel, never_started=never)
     start = time.perf_counter()
-    failure = interrupted = None
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    tell_view(view, "begin", folder.path)  # the view may watch ranks start and return
+    outcome = run_to_the_end(plan, watcher)
+    wall = time.perf_counter() - start
+    ok = outcome.failures is None and outcome.error is None
+    result = collect(folder.path, plan.script, plan.world_size, wall, returns=collect_returns and ok)
+    error = None
+    if outcome.interrupted:
+        error = RunInterrupted(plan.world_size, folder.path, result)
+    elif watcher.cancelled:
+        error = RunCancelledError(CANCELLED.format(n=plan.world_size, run_dir=folder.path))
+    elif watcher.timed_out:
+        error = WorkerTimeoutError(plan.timeout, watcher.stacks, folder.path, result)
+    elif outcome.failures:
+        error = first_failure_error(SimpleNamespace(failures=outcome.failures), folder.path, result)
+    elif outcome.error:
+        error = DistlabError(AGENT_FAILED.format(error=outcome.error.rstrip(), run_dir=folder.path))
+    tell_view(view, "finish", error or result)  # the cell keeps a static record of the run
+    if error is not None:
+        raise error
+    return result
+
+
+def run_config(plan: Plan) -> dict:
+    """run.json: what every worker's runtime reads first."""
+    return {"run_dir": str(plan.run_dir), "parent_pid": os.getpid(), "single_node": plan.nnodes == 1,
+            "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}
+
+
+def run_to_the_end(plan: Plan, watcher: watch.Watcher) -> Outcome:
+    """Run the agent; whatever happens, clean up completely before the kernel's handlers return."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    signals = KernelSignals()
+    outcome = Outcome()
     watcher.start()
     try:
-        with _quiet_torchelastic():
-            _launch_agent(plan, run_json)
-    except KeyboardInterrupt as e:
-        interrupted = e
-    except Exception as e:
-        if _is_interrupt(e):
-            interrupted = e
-        elif type(e).__name__ != "ChildFailedError":
-            raise
-        failure = e
+        if plan.nnodes == 1:
+            with quiet_torchelastic():
+                _launch_agent(plan, plan.folder.run_json)
+        else:
+            run_agent_process(plan, watcher, outcome)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    except SignalException as e:
+        outcome.interrupted = e.sigval == signal.SIGINT
+        signals.note(e.sigval)  # a SIGTERM is delivered to the kernel's own handler after cleanup
+    except ChildFailedError as e:
+        outcome.failures = {rank: SimpleNamespace(**failure_record(f)) for rank, f in e.failures.items()}
+    except Exception:
+        outcome.error = traceback.format_exc()
     finally:
-        _restore_signals(saved)
-        watcher.finish()
-        watch.stop_workers(plan.elastic_run_id)
-        handler = _HANDLERS.pop(plan.run_id, None)
-        if handler is not None:
-            handler.shutdown()
-    wall = time.perf_counter() - start
-    result = collect(plan.run_dir, plan.script, plan.world_size, wall, returns=collect_returns and not failure)
-    if interrupted is not None:
-        raise KeyboardInterrupt(INTERRUPTED.format(n=plan.world_size, run_dir=plan.run_dir))
-    if watcher.timed_out:
-        raise WorkerTimeoutError(plan.timeout, watcher.stacks, plan.run_dir, result)
-    if failure is not None:
-        raise first_failure_error(failure, plan.run_dir, result)
-    return result
+        signals.defer()
+        try:
+            cleanup(plan, watcher)
+        finally:
+            outcome.interrupted |= signals.restore()
+    return outcome
+
+
+def cleanup(plan: Plan, watcher: watch.Watcher) -> None:
+    """Stop everything the run started. Every step runs even if one fails; each may be repeated."""
+    steps = (watcher.finish, watcher.stop_agent, lambda: watch.stop_workers(plan.elastic_run_id),
+             lambda: rendezvous.close_handler(plan.run_id))
+    errors = []
+    for step in steps:
+        try:
+            step()
+        except Exception as e:  # noqa: PERF203  (each step must run)
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+class KernelSignals:
+    """The kernel's own SIGINT/SIGTERM handlers, put back only once cleanup is over.
+
+    torchelastic replaces them while its agent runs in the main thread. During cleanup both
+    signals are only noted (a second Ctrl-C must not cut cleanup short); ``restore`` puts the
+    kernel's handlers back, delivers a noted SIGTERM to them, and says whether a SIGINT came.
+    Outside the main thread signals never reach this code, so there is nothing to do.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.active = threading.current_thread() is threading.main_thread()
+        self.saved = {s: signal.getsignal(s) for s in self.SIGNALS} if self.active else {}
+        self.noted: set[int] = set()
+
+    def note(self, signum) -> None:
+        self.noted.add(int(signum))
+
+    def defer(self) -> None:
+        for s in self.saved:
+            signal.signal(s, lambda signum, frame: self.note(signum))
+
+    def restore(self) -> bool:
+        for s, handler in self.saved.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if self.active and signal.SIGTERM in self.noted:
+            signal.raise_signal(signal.SIGTERM)
+        return signal.SIGINT in self.noted
+
+
+def failure_record(failure) -> dict:
+    """The parts of torchelastic's ProcessFailure distlab reports, as JSON-able data."""
+    return {"exitcode": failure.exitcode, "error_file": str(failure.error_file), "message": failure.message,
+            "timestamp": int(failure.timestamp)}
+
+
+def tell_view(view, event: str, *args) -> None:
+    """Call an optional view method (``begin``, ``finish``); views without it, or failing in it,
+    never change how a run ends."""
+    method = getattr(view, event, None)
+    if method is None:
+        return
+    try:
+        method(*args)
+    except Exception as e:  # a display problem must not hide the run's own result or error
+        import warnings
+
+        warnings.warn(f"distlab: the live view failed in {event}(): {e!r}", stacklevel=2)
 
 
 def _launch_agent(plan: Plan, run_json: Path) -> None:
@@ -112,7 +250,7 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
 
     local = plan.nnodes == 1
     if local:
-        _register_loopback_backend()
+        rendezvous.register_backend()
     config = LaunchConfig(
         min_nodes=plan.nnodes, max_nodes=plan.nnodes, nproc_per_node=plan.nproc,
         run_id=plan.elastic_run_id,
@@ -120,10 +258,32 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
         rdzv_endpoint="" if local else plan.rdzv_endpoint,
         rdzv_configs={} if local else {"rank": plan.node_rank},
         max_restarts=plan.max_restarts, monitor_interval=0.05,
-        logs_specs=_run_logs(plan.run_dir), signals_to_handle="SIGINT,SIGTERM",
+        logs_specs=_run_logs(plan.folder), signals_to_handle="SIGINT,SIGTERM",
     )
     args = ["-u", "-m", "distlab._start", str(run_json), str(plan.target), *plan.target_args]
     elastic_launch(config, sys.executable)(*args)
+
+
+def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome) -> None:
+    """Multi-node: torchelastic's agent in a child process (it unpickles rendezvous data)."""
+    folder = plan.folder
+    write_private(folder.agent_plan, json.dumps({"plan": plan.to_json(), "kernel_pid": os.getpid()}))
+    with open_private(folder.agent_log, "wb") as log:
+        watcher.agent = subprocess.Popen([sys.executable, "-u", "-m", "distlab._agent", str(folder.path)],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        code = watcher.agent.wait()
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        return  # cleanup stops the agent, which stops its workers
+    report = json.loads(folder.agent_json.read_text()) if folder.agent_json.exists() else {}
+    if report.get("status") == "failed":
+        outcome.failures = {int(r): SimpleNamespace(**f) for r, f in report["failures"].items()}
+    elif report.get("status") == "interrupted":
+        outcome.interrupted = report.get("signal") == signal.SIGINT
+    elif report.get("status") != "ok" and not (watcher.timed_out or watcher.cancelled):
+        log_tail = folder.agent_log.read_text(errors="replace")[-3000:]
+        outcome.error = report.get("error") or f"the agent exited with code {code}:\n{log_tail}"
 
 
 PEER_FAILURE_SIGNS = ("closed by peer", "reset by peer", "likely closed", "Broken pipe", "pair closure")
@@ -170,116 +330,74 @@ def lines_before_traceback(log: str) -> list[str]:
     return lines[:starts[-1]] if starts else lines
 
 
-def _is_interrupt(exc: BaseException) -> bool:
-    return type(exc).__name__ == "SignalException" and getattr(exc, "sigval", None) == signal.SIGINT
+class quiet_torchelastic:
+    """torchelastic logs every start and failure at WARNING; distlab reports those itself.
 
-
-def _restore_signals(saved: dict) -> None:
-    """torchelastic installs its handlers in the main thread only; put the kernel's back."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig, handler in saved.items():
-        if handler is not None:
-            signal.signal(sig, handler)
-
-
-class _quiet_torchelastic:
-    """torchelastic logs every start and failure at WARNING; distlab reports those itself."""
-
-    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null")
-
-    def __enter__(self):
-        self.levels = {n: logging.getLogger(n).level for n in self.names}
-        for n in self.names:
-            logging.getLogger(n).setLevel(logging.CRITICAL)
-
-    def __exit__(self, *exc):
-        for n, level in self.levels.items():
-            logging.getLogger(n).setLevel(level)
-
-
-class _LoopbackStore:
-    """A TCPStore on 127.0.0.1 only: distlab binds the socket and hands torch its fd.
-
-    Holding the bound socket means no other launch can take the port (no bind-then-close
-    race), and nothing listens beyond loopback.
+    Runs overlap (``join=False``), so the levels are saved by the first run that enters and put
+    back by the last one that leaves, whatever the order.
     """
 
-    def __init__(self):
-        from datetime import timedelta
+    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null")
+    _lock = threading.Lock()
+    _depth = 0
+    _saved: dict = {}
 
-        from torch.distributed import TCPStore
+    def __enter__(self):
+        cls = type(self)
+        with cls._lock:
+            if cls._depth == 0:
+                quiet = self.loggers()
+                cls._saved = {n: logging.getLogger(n).level for n in quiet}
+                for n in quiet:
+                    logging.getLogger(n).setLevel(logging.CRITICAL)
+            cls._depth += 1
+        return self
 
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        self.port = sock.getsockname()[1]
-        self.store = TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=300), master_listen_fd=sock.fileno())
-        sock.detach()  # the store owns the listening fd now and closes it when released
+    @classmethod
+    def loggers(cls) -> set[str]:
+        """These names and every logger below them: torchelastic gives each module's logger its own
+        level, so quieting the parents alone let "Received 2 death signal, shutting down workers"
+        reach the cell. The modules that log during a run are imported first so their loggers exist."""
+        import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
+        import torch.distributed.launcher.api  # noqa: F401
 
+        below = tuple(n + "." for n in cls.names)
+        return set(cls.names) | {k for k in list(logging.root.manager.loggerDict) if k.startswith(below)}
 
-def _register_loopback_backend() -> None:
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
-
-    registry.register(LOOPBACK_BACKEND, _create_loopback_handler)  # idempotent for the same creator
-
-
-def _create_loopback_handler(params):
-    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
-
-    class LoopbackRendezvous(StaticTCPRendezvous):
-        """Single-node static rendezvous with a fresh loopback store per attempt.
-
-        A new store each time torchelastic (re)starts the workers: keys a failed attempt left
-        behind (gloo's peer addresses) must not reach the next one.
-        """
-
-        _loopback = None
-
-        def get_backend(self) -> str:
-            return LOOPBACK_BACKEND
-
-        def next_rendezvous(self):
-            self.shutdown()
-            self._loopback = _LoopbackStore()
-            self._store, self.master_port = self._loopback.store, self._loopback.port
-            return super().next_rendezvous()
-
-        def shutdown(self) -> bool:
-            self._store = self._loopback = None
-            return True
-
-    handler = LoopbackRendezvous("127.0.0.1", 0, 0, 1, params.run_id, timeout=300)
-    _HANDLERS[params.run_id] = handler
-    return handler
+    def __exit__(self, *exc):
+        cls = type(self)
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                for n, level in cls._saved.items():
+                    logging.getLogger(n).setLevel(level)
 
 
-def _run_logs(run_dir: Path):
+def _run_logs(folder: RunFolder):
     """torchelastic's LogsSpecs with distlab's layout (defined here: torch is imported lazily)."""
-    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+    from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 
     class RunLogs(LogsSpecs):
-        """Predictable log paths: ``logs/attempt<k>/rank<r>.{out,err,error.json}``."""
+        """Predictable log paths: ``logs/attempt<k>/rank<r>.{out,err,error.json}``, private files."""
 
-        def __init__(self, run_dir: Path):
-            super().__init__(log_dir=str(run_dir / "logs"))
-            self.run_dir = run_dir
+        def __init__(self, folder: RunFolder):
+            super().__init__(log_dir=str(folder.logs))
+            self.folder = folder
 
         @property
         def root_log_dir(self) -> str:
-            return str(self.run_dir / "logs")
+            return str(self.folder.logs)
 
         def reify(self, envs):
-            attempt = envs[0].get("TORCHELASTIC_RESTART_COUNT", "0") if envs else "0"
-            folder = self.run_dir / "logs" / f"attempt{attempt}"
-            folder.mkdir(parents=True, exist_ok=True)
+            attempt = self.folder.make_attempt(envs[0].get("TORCHELASTIC_RESTART_COUNT", "0") if envs else 0)
             dest = LogsDest()
             for local, env in envs.items():
-                rank = env.get("RANK", str(local))
-                dest.stdouts[local] = str(folder / f"rank{rank}.out")
-                dest.stderrs[local] = str(folder / f"rank{rank}.err")
-                dest.error_files[local] = env["TORCHELASTIC_ERROR_FILE"] = str(folder / f"rank{rank}.error.json")
+                rank = int(env.get("RANK", local))
+                for stream, paths in (("out", dest.stdouts), ("err", dest.stderrs)):
+                    paths[local] = str(self.folder.rank_log(attempt, rank, stream))
+                    open_private(Path(paths[local])).close()  # 0600 before torchelastic opens it
+                dest.error_files[local] = env["TORCHELASTIC_ERROR_FILE"] = str(
+                    self.folder.rank_log(attempt, rank, "error.json"))
             return dest
 
-    return RunLogs(run_dir)
+    return RunLogs(folder)

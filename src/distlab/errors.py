@@ -27,6 +27,11 @@ INTERRUPTED = "distlab: interrupted; all {n} worker processes were stopped. Run 
 class DistlabError(Exception):
     """Base class for every error distlab raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback through distlab's own frames: the message,
+        which already names the rank, carries that rank's traceback and says what to do next."""
+        return notebook_message(type(self).__name__, str(self))
+
 
 class LaunchArgumentError(DistlabError, ValueError):
     """An argument is wrong; raised before any process starts."""
@@ -65,3 +70,46 @@ class WorkerTimeoutError(DistlabError, TimeoutError):
         self.timeout, self.stacks, self.result = timeout, stacks, result
         text = "\n".join(f"--- rank {r} ---\n{s.rstrip()}" for r, s in sorted(stacks.items()))
         super().__init__(TIMED_OUT.format(timeout=timeout, stacks=text or "(no rank had started)", run_dir=run_dir))
+
+
+RUN_FOLDER = "distlab: cannot use {path} for run folders: {problem}. {hint}"
+CANCELLED = "distlab: run cancelled; all {n} worker processes were stopped. Run folder: {run_dir}"
+TORCH_TOO_OLD = (
+    "distlab: this torch ({version}) lacks what distlab's launcher uses: {missing}. "
+    "Install torch>={floor} (pip install 'torch>={floor}')."
+)
+AGENT_FAILED = (
+    "distlab: torchelastic's agent stopped with an error before the ranks could finish:\n{error}\n"
+    "Run folder: {run_dir}"
+)
+NEVER_STARTED = "(never started here: the agent was still waiting for the other nodes at {endpoint})"
+
+
+class RunFolderError(DistlabError, OSError):
+    """The runs root or a run folder is not private to you; nothing was started."""
+
+
+class RunCancelledError(DistlabError, RuntimeError):
+    """``PendingRun.cancel()`` stopped the run before it finished."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The learner interrupted the kernel; every worker was stopped. Still a KeyboardInterrupt.
+
+    IPython shows ``_render_traceback_()`` instead of a traceback: the cell then leads with what
+    happened (one line) and the run folder, not with distlab's own frames.
+    """
+
+    def __init__(self, n: int, run_dir, result=None):
+        self.n, self.run_dir, self.result = n, run_dir, result
+        super().__init__(INTERRUPTED.format(n=n, run_dir=run_dir))
+
+    def _render_traceback_(self) -> list[str]:
+        head, _, folder = str(self).partition(" Run folder: ")
+        return notebook_message("", head) + ([f"Run folder (script and every rank's log): {folder}"] if folder else [])
+
+
+def notebook_message(name: str, message: str) -> list[str]:
+    """The lines of an error as a notebook shows them: the first in red, as IPython does."""
+    first, *rest = message.splitlines() or [""]
+    return [f"\x1b[0;31m{name + ': ' if name else ''}{first}\x1b[0m", *rest]

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .runfolder import ATTEMPT, RunFolder, check_private_file
+
 
 @dataclass
 class RunResult:
@@ -28,48 +30,61 @@ class RunResult:
                 f"returns={self.returns!r}, run_dir='{self.run_dir}')")
 
 
-def log_files(run_dir: Path, rank: int) -> list[Path]:
+def _folder(run_dir) -> RunFolder:
+    return run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+
+
+def log_files(run_dir, rank: int) -> list[Path]:
     """Every log file of a rank, oldest attempt first (torchelastic restarts make new attempts)."""
-    attempts = sorted((run_dir / "logs").glob("attempt*"), key=lambda p: int(p.name[7:]))
-    return [f for a in attempts for f in (a / f"rank{rank}.out", a / f"rank{rank}.err") if f.exists()]
+    return _folder(run_dir).log_files(rank)
 
 
-def read_logs(run_dir: Path, rank: int) -> str:
+def read_logs(run_dir, rank: int) -> str:
     """A rank's output; after a torchelastic restart each attempt starts with a header line."""
     files = log_files(run_dir, rank)
-    attempts = {f.parent.name for f in files}
+    attempts = {f.parent for f in files}
     parts = []
     for f in files:
         if len(attempts) > 1 and f.suffix == ".out":
-            parts.append(f"--- {f.parent.name.replace('attempt', 'attempt ')} ---\n")
+            k = ATTEMPT.match(f.parent.name).group(1)
+            parts.append(f"--- attempt {k} ---\n")
         parts.append(f.read_text(errors="replace"))
     return "".join(parts)
 
 
-def read_metrics(run_dir: Path, rank: int) -> list[dict]:
-    path = run_dir / "metrics" / f"rank{rank}.jsonl"
+def read_metrics(run_dir, rank: int) -> list[dict]:
+    path = _folder(run_dir).metrics(rank)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def read_returns(run_dir: Path, world_size: int) -> dict[int, Any]:
+def read_returns(run_dir, world_size: int) -> dict[int, Any]:
+    """Each rank's return value. These files are unpickled, so the folder and each file are checked
+    first: still private, and yours (a :class:`~distlab.errors.RunFolderError` otherwise)."""
     import torch
 
+    folder = _folder(run_dir)
+    folder.check()
     out = {}
     for rank in range(world_size):
-        path = run_dir / "returns" / f"rank{rank}.pt"
-        out[rank] = torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+        path = folder.returned(rank)
+        if path.exists():
+            check_private_file(path)
+            out[rank] = torch.load(path, map_location="cpu", weights_only=False)
+        else:
+            out[rank] = None
     return out
 
 
-def collect(run_dir: Path, script: Path | None, world_size: int, wall_s: float, returns: bool = True) -> RunResult:
+def collect(run_dir, script: Path | None, world_size: int, wall_s: float, returns: bool = True) -> RunResult:
+    folder = _folder(run_dir)
     ranks = range(world_size)
-    reporting = {int(p.stem[4:]) for p in (run_dir / "metrics").glob("rank*.jsonl")}  # a script's own ranks too
+    reporting = {rank for rank, _ in folder.metric_streams()}  # a script's own ranks too
     return RunResult(
-        run_dir=run_dir, script=script, world_size=world_size,
-        returns=read_returns(run_dir, world_size) if returns else {},
-        logs={r: read_logs(run_dir, r) for r in ranks},
-        metrics={r: read_metrics(run_dir, r) for r in sorted(set(ranks) | reporting)},
+        run_dir=folder.path, script=script, world_size=world_size,
+        returns=read_returns(folder, world_size) if returns else {},
+        logs={r: read_logs(folder, r) for r in ranks},
+        metrics={r: read_metrics(folder, r) for r in sorted(set(ranks) | reporting)},
         wall_s=wall_s,
     )

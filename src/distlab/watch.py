@@ -1,20 +1,28 @@
-"""The launcher's watcher thread: streams rank output live, enforces the timeout, stops workers.
+"""The launcher's watcher thread: streams rank output live, enforces the timeout and
+cancellation, stops workers.
 
 It runs beside torchelastic's agent (which owns the main thread, so it can catch SIGINT).
+Nothing a view does can stop it: a view that raises is switched off (every line stays in the
+run folder's logs) and the timeout still fires. It signals only processes it has verified to be
+this run's workers, never a pid merely read from a file.
 """
 from __future__ import annotations
 
 import json
-import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 import psutil
 
+from .runfolder import RunFolder
+
 POLL_S = 0.05
 STACK_WAIT_S = 0.5
+AGENT_GRACE_S = 3.0
+NOT_STARTED = "(not started yet: still importing, or already exited)"
 
 
 def our_workers(run_id: str) -> list[psutil.Process]:
@@ -25,6 +33,25 @@ def our_workers(run_id: str) -> list[psutil.Process]:
             if p.environ().get("TORCHELASTIC_RUN_ID") == run_id:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def verified_workers(run_id: str, ready: dict[int, int]) -> dict[int, psutil.Process]:
+    """rank -> process, for the ranks whose worker is surely ours and ready for SIGUSR1.
+
+    A worker qualifies when it is a live descendant of this process, carries this run's
+    TORCHELASTIC_RUN_ID, was started as ``python -m distlab._start``, and is the pid its rank
+    wrote to ``ready/`` (written only after its stack-dump handler is installed: SIGUSR1 would
+    kill a worker still importing).
+    """
+    found = {}
+    for p in our_workers(run_id):
+        try:
+            rank = int(p.environ().get("RANK", "-1"))
+            if "distlab._start" in p.cmdline() and ready.get(rank) == p.pid:
+                found[rank] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
             pass
     return found
 
@@ -50,44 +77,100 @@ def _signal(p: psutil.Process, sig) -> None:
 
 
 class Watcher(threading.Thread):
-    def __init__(self, run_dir: Path, run_id: str, world_size: int, view, timeout: float | None):
+    def __init__(self, folder, run_id: str, world_size: int, view, timeout: float | None,
+                 cancel: threading.Event | None = None, never_started: str | None = None):
         super().__init__(daemon=True, name=f"distlab-watch-{run_id}")
-        self.run_dir, self.run_id, self.world_size = run_dir, run_id, world_size
+        self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
+        self.run_id, self.world_size = run_id, world_size
         self.view, self.timeout = view, timeout
-        self.timed_out = False
+        self.cancel = cancel or threading.Event()
+        self.never_started = never_started  # what a rank's stack says when no worker started here
+        self.timed_out = self.cancelled = False
         self.stacks: dict[int, str] = {}
+        self.agent = None  # the Popen of an out-of-process agent (multi-node runs)
         self._stop_event = threading.Event()
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, str] = {}
         self._start = time.monotonic()
+        self._finished = self._view_broken = False
+        self._warned: set[str] = set()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder.path
 
     def run(self) -> None:
         while not self._stop_event.wait(POLL_S):
-            self.poll()
-            if self.timeout and not self.timed_out and time.monotonic() - self._start > self.timeout:
-                self.stacks = self.dump_stacks()
-                self.timed_out = True
-            if self.timed_out:
-                stop_workers(self.run_id, grace_s=0.5)  # again after any torchelastic restart
+            self._guard(self.enforce)
+            self._guard(self.poll)
+
+    def enforce(self) -> None:
+        """Timeout and cancellation: stop the ranks (again after any torchelastic restart)."""
+        if self.cancel.is_set() and not self.timed_out:
+            self.cancelled = True
+        if self.timeout and not (self.timed_out or self.cancelled) and time.monotonic() - self._start > self.timeout:
+            self.stacks = self.dump_stacks()
+            self.timed_out = True
+        if self.timed_out or self.cancelled:
+            stop_workers(self.run_id, grace_s=0.5)
+            self.stop_agent()
+
+    def stop_agent(self) -> None:
+        """End an out-of-process agent: SIGTERM (it stops its workers), then SIGKILL. Idempotent."""
+        agent = self.agent
+        if agent is None or agent.poll() is not None:
+            return
+        agent.terminate()
+        try:
+            agent.wait(AGENT_GRACE_S)
+        except Exception:
+            agent.kill()
+            agent.wait()
 
     def finish(self) -> None:
-        """Stop watching, then stream what is left so no line is lost."""
+        """Stop watching, then stream what is left so no line is lost. Safe to call again."""
         self._stop_event.set()
-        if self.is_alive():
+        if self.is_alive() and threading.current_thread() is not self:
             self.join()
-        self.poll(final=True)
-        self.view.close()
+        if self._finished:
+            return
+        self._finished = True
+        self._guard(lambda: self.poll(final=True))
+        self._to_view("close")
 
     def poll(self, final: bool = False) -> None:
-        for path in sorted(self.run_dir.glob("logs/attempt*/rank*.*")):
-            if path.suffix in (".out", ".err"):
-                rank = int(path.stem[4:])
-                for line in self._new_lines(path, final):
-                    self.view.line(rank, line)
-        for path in sorted(self.run_dir.glob("metrics/rank*.jsonl")):
-            rank = int(path.stem[4:])
+        for rank, path in self.folder.output_streams():
             for line in self._new_lines(path, final):
-                self.view.metric(rank, json.loads(line))
+                self._to_view("line", rank, line)
+        for rank, path in self.folder.metric_streams():
+            for line in self._new_lines(path, final):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # not a row distlab.report wrote
+                self._to_view("metric", rank, row)
+
+    def _to_view(self, method: str, *args) -> None:
+        if self._view_broken:
+            return
+        try:
+            getattr(self.view, method)(*args)
+        except Exception as e:
+            self._view_broken = True
+            self._warn(f"distlab: the live view failed ({type(e).__name__}: {e}) and is switched off; "
+                       f"every rank's output is still in {self.folder.logs}")
+
+    def _guard(self, step) -> None:
+        """Run one step; an error is reported once and the watcher carries on."""
+        try:
+            step()
+        except Exception as e:
+            self._warn(f"distlab: the run's watcher hit {type(e).__name__}: {e}; it carries on")
+
+    def _warn(self, text: str) -> None:
+        if text not in self._warned:
+            self._warned.add(text)
+            print(text, file=sys.stderr, flush=True)
 
     def _new_lines(self, path: Path, final: bool) -> list[str]:
         with open(path, "rb") as f:
@@ -103,19 +186,18 @@ class Watcher(threading.Thread):
         return lines
 
     def dump_stacks(self) -> dict[int, str]:
-        """Ask every started rank for its Python stacks (faulthandler on SIGUSR1) and read them."""
-        ready = {int(p.name[4:]): int(p.read_text()) for p in (self.run_dir / "ready").glob("rank*")}
-        for pid in ready.values():
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        time.sleep(STACK_WAIT_S)
+        """Ask every verified, ready rank for its Python stacks (faulthandler on SIGUSR1) and read them."""
+        workers = verified_workers(self.run_id, self.folder.ready_pids())
+        for p in workers.values():
+            _signal(p, signal.SIGUSR1)
+        if workers:
+            time.sleep(STACK_WAIT_S)
+        missing = self.never_started if self.never_started and not workers else NOT_STARTED
         stacks = {}
         for rank in range(self.world_size):
-            path = self.run_dir / "stacks" / f"rank{rank}.txt"
+            path = self.folder.stack(rank)
             text = path.read_text(errors="replace") if path.exists() else ""
-            stacks[rank] = clean_stack(text) or "(not started yet: still importing, or already exited)"
+            stacks[rank] = clean_stack(text) or missing
         return stacks
 
 

@@ -23,6 +23,8 @@ import time
 import traceback
 from pathlib import Path
 
+from .runfolder import RunFolder, check_private_file, open_private, write_private
+
 _RUN: dict | None = None  # the launcher's run config when started by distlab, else None
 _METRICS = None  # open metrics file of this rank
 ORPHAN_EXIT_CODE = 70
@@ -32,8 +34,8 @@ def rank_from_env() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _run_path(*parts) -> Path:
-    return Path(_RUN["run_dir"], *parts)
+def _folder() -> RunFolder:
+    return RunFolder(_RUN["run_dir"])
 
 
 def _install(run: dict) -> None:
@@ -44,12 +46,14 @@ def _install(run: dict) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does: N ranks must not each use every core
     rank = rank_from_env()
     os.dup2(sys.stdout.fileno(), sys.stderr.fileno())  # one log per rank, prints and tracebacks in order
-    stacks = open(_run_path("stacks", f"rank{rank}.txt"), "w")  # kept open for the signal handler
+    stacks = open_private(_folder().stack(rank), "w")  # kept open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    _run_path("ready", f"rank{rank}").write_text(str(os.getpid()))
+    write_private(_folder().ready(rank), str(os.getpid()))  # SIGUSR1 is safe from now on
     _die_with_parent(run["parent_pid"])
-    if run["single_node"]:  # keep gloo's own sockets on loopback too
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    if run["single_node"]:  # keep gloo's and NCCL's own sockets on loopback too
+        loopback = _loopback_interface()
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
         _respect_user_master_port(int(os.environ["MASTER_PORT"]))
 
 
@@ -94,19 +98,48 @@ def _respect_user_master_port(distlab_port: int) -> None:
     Workers start with TORCHELASTIC_USE_AGENT_STORE=True so that a plain
     ``init_process_group("gloo")`` connects to the store the launcher hosts on 127.0.0.1.
     Code that sets its own port (the article's ``setup`` uses 12355) must win: for any other
-    port rank 0 hosts the store itself, as it would under ``mp.spawn``.
+    port rank 0 hosts the store itself, as it would under ``mp.spawn``, but on 127.0.0.1 only
+    (torch's own would listen on every interface). This is a single-node run, so every rank
+    connects to 127.0.0.1 whatever MASTER_ADDR says.
     """
     import torch.distributed  # noqa: F401  (the attribute `rendezvous` is a function; use the module)
 
     rdzv = sys.modules["torch.distributed.rendezvous"]
     original = rdzv._create_c10d_store
 
-    def create_store(hostname, port, rank, world_size, timeout, use_libuv=True):
-        if int(port) != distlab_port:
-            os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        return original(hostname, port, rank, world_size, timeout, use_libuv)
+    def create_store(hostname, port, rank, world_size, timeout, *args, **kwargs):
+        if int(port) == distlab_port:
+            return original(hostname, port, rank, world_size, timeout, *args, **kwargs)
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        if int(rank) == 0:
+            store = _user_port_store(int(port), world_size, timeout, *args, **kwargs)
+            if store is not None:
+                return store
+        return original("127.0.0.1", port, rank, world_size, timeout, *args, **kwargs)
 
     rdzv._create_c10d_store = create_store
+
+
+def _user_port_store(port: int, world_size, timeout, use_libuv: bool = True, *args, **kwargs):
+    """Rank 0's store on 127.0.0.1:``port``; None when this process already serves that port
+    (torch then reuses its multi-tenant server, which is this loopback one)."""
+    import errno
+
+    from .rendezvous import loopback_store
+
+    try:
+        return loopback_store(port, world_size, timeout, multi_tenant=True, use_libuv=use_libuv)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE and _serving(port):
+            return None
+        raise
+
+
+def _serving(port: int) -> bool:
+    import psutil
+
+    return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+               for c in psutil.Process().net_connections("inet"))
 
 
 def user_traceback(exc: BaseException) -> str:
@@ -114,7 +147,9 @@ def user_traceback(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     runtime = ("distlab/worker.py", "distlab/_start.py", "runpy.py", "<frozen runpy>")
     keep = [f for f in frames if not f.filename.endswith(runtime)]
-    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(keep or frames))
+    from .origins import format_frames  # liveview: frames of notebook code also name their cell
+
+    text = "Traceback (most recent call last):\n" + format_frames(keep or frames)
     return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
@@ -126,7 +161,7 @@ def _write_error(exc: BaseException, text: str) -> None:
     now = time.time()
     data = {"message": {"message": f"{type(exc).__name__}: {exc}",
                         "extraInfo": {"py_callstack": text, "timestamp": str(int(now)), "time": now}}}
-    Path(path).write_text(json.dumps(data))
+    write_private(Path(path), json.dumps(data))
 
 
 def bootstrap(argv: list[str]) -> None:
@@ -218,10 +253,11 @@ def _save_return(rank: int, value) -> None:
         return
     import torch
 
-    final = _run_path("returns", f"rank{rank}.pt")
+    final = _folder().returned(rank)
     tmp = final.with_suffix(".tmp")
     try:
-        torch.save(value, tmp)
+        with open_private(tmp, "wb") as f:
+            torch.save(value, f)
     except Exception as e:
         from .errors import CaptureError
 
@@ -264,7 +300,7 @@ def report(**metrics) -> None:
         return
     rank = _current_rank()
     if _METRICS is None:
-        _METRICS = open(Path(run_dir, "metrics", f"rank{rank}.jsonl"), "a", buffering=1)
+        _METRICS = open_private(RunFolder(run_dir).metrics(rank), "a", buffering=1)
     row = {"rank": rank, "time": time.time(), **metrics}
     _METRICS.write(json.dumps(row, default=_to_number) + "\n")
 
@@ -284,8 +320,12 @@ def _to_number(x):
 
 
 def load_data(script_file: str, name: str):
-    """Load values that travel next to the script as ``<name>.pt`` (tensors, objects)."""
+    """Load values that travel next to the script as ``<name>.pt`` (tensors, objects).
+
+    The file is unpickled, so it must be yours and writable by nobody else."""
     import torch
 
-    return torch.load(Path(script_file).with_name(f"{name}.pt"), weights_only=False)
+    path = Path(script_file).with_name(f"{name}.pt")
+    check_private_file(path)
+    return torch.load(path, weights_only=False)
 

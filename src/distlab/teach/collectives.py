@@ -5,9 +5,9 @@ a few lines of plain tensor code that say what the collective means, with the ra
 list (``before[r]`` is rank ``r``'s tensor). ``None`` in a result means "this rank gets nothing"
 (or, for ``reduce`` off the destination, "undefined": the backend may use it as scratch space).
 
-The ring all-reduce is built from ``isend``/``irecv`` only, the way NCCL and gloo do it for large
-tensors: a reduce-scatter around the ring, then an all-gather, each segment cut into chunks so the
-sending of one chunk overlaps the receiving and adding of the next.
+The chapter's hand-written ring all-reduce is defined in the chapter's own cells; its reference copy,
+used by ``bench/allreduce.py`` and the tests, is :mod:`distlab.teach.ring` (re-exported here).
+Here: the segment geometry for its picture, a byte counter, and the nccl-tests bandwidth harness.
 """
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ import html
 
 import torch
 
-OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
+from .ring import CHUNK_BYTES, SERIAL_NUMEL, add_on_this_thread, ring_all_reduce, ring_reduce_scatter  # noqa: F401
+
+OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
+BITWISE = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
 
 
 def op_name(op) -> str:
@@ -38,6 +41,8 @@ def combine(tensors: list, op="SUM") -> torch.Tensor:
         return stacked.sum(0) / len(tensors)
     if name == "PRODUCT":
         return stacked.prod(0)
+    if name in BITWISE:  # integer tensors only
+        return functools.reduce(BITWISE[name], stacked.unbind(0))
     return stacked.amin(0) if name == "MIN" else stacked.amax(0)
 
 
@@ -139,40 +144,7 @@ def check_against_reference(name: str, before: list, after: list, **kwargs) -> l
     return expected
 
 
-# --- a ring all-reduce from point-to-point calls -----------------------------------------------------
-
-CHUNK_BYTES = 1 << 20  # pipelining grain: big enough that Python's per-call cost is noise
-
-
-def ring_all_reduce(tensor: torch.Tensor, group=None, chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
-    """Sum ``tensor`` over the ranks of ``group`` in place, with ``isend``/``irecv`` around a ring.
-
-    The tensor is cut into n segments. *Reduce-scatter*: in n-1 steps each rank passes one segment
-    to its right neighbour and adds the one arriving from the left, so rank r ends owning the full
-    sum of segment (r+1) % n. *All-gather*: in n-1 more steps the finished segments travel around
-    the ring, received straight into place. Every rank sends 2(n-1)/n of the tensor: the minimum.
-    Each segment goes in chunks, and a chunk is forwarded as soon as it is added, so sending,
-    receiving and adding overlap. (Sums only; written for gloo and CPU tensors, to be read and measured.)
-    """
-    ring, segs = _prepare(tensor, group, chunk_bytes)
-    if ring is not None:
-        _reduce_scatter_phase(ring, segs, tensor)
-        _all_gather_phase(ring, segs)
-    return tensor
-
-
-def ring_reduce_scatter(tensor: torch.Tensor, group=None, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Only the first phase of :func:`ring_all_reduce`, to look at the half-way state.
-
-    Afterwards segment (r+1) % n of rank r's tensor holds the full sum (see :func:`ring_segments`);
-    the other segments hold partial sums. Returns the index of the segment this rank owns.
-    """
-    ring, segs = _prepare(tensor, group, chunk_bytes)
-    if ring is None:
-        return 0
-    _reduce_scatter_phase(ring, segs, tensor)
-    return (ring.rank + 1) % ring.n
-
+# --- the ring's geometry, and what it sends -----------------------------------------------------------
 
 def ring_segments(numel: int, n: int) -> list[tuple[int, int]]:
     """(start, stop) of the n segments the ring cuts a tensor of ``numel`` elements into."""
@@ -181,102 +153,28 @@ def ring_segments(numel: int, n: int) -> list[tuple[int, int]]:
     return list(zip(ends[:-1], ends[1:], strict=True))
 
 
-def _prepare(tensor: torch.Tensor, group, chunk_bytes: int):
-    """This rank's place in the ring, and the tensor as n segments of chunks (views, no copies)."""
+def count_sent_bytes(fn, *args, **kwargs) -> int:
+    """Call ``fn(*args, **kwargs)`` and return how many bytes this rank handed to ``dist.isend`` meanwhile.
+
+    It wraps ``torch.distributed.isend`` for the duration of the call, so it counts code that looks
+    ``isend`` up on the module when it calls it (as the ring does), and nothing else.
+    """
     import torch.distributed as dist
 
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    if n == 1:
-        return None, None
-    if not tensor.is_contiguous():
-        raise ValueError("ring_all_reduce needs a contiguous tensor (call .contiguous() first)")
-    step = max(1, chunk_bytes // tensor.element_size())
-    segs = [s.split(step) for s in torch.tensor_split(tensor.view(-1), n)]
-    return _Ring(group, r, n, step, max(len(c) for c in segs)), segs
+    sent = 0
+    real = dist.isend
 
+    def counting(tensor, *a, **k):
+        nonlocal sent
+        sent += tensor.numel() * tensor.element_size()
+        return real(tensor, *a, **k)
 
-SERIAL_NUMEL = 16384  # below torch's parallel grain (32768 elements): an add_ this size stays on one thread
-
-
-def add_on_this_thread(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst += src`` without waking torch's OpenMP thread team (on CPU).
-
-    Several ranks share the cores here, so a multi-threaded add waits for team threads that other
-    ranks have pushed off the CPU: measured on 2 busy cores, a 512 KB add then took 10-40 ms
-    instead of 0.05 ms. Pieces below torch's grain size run on the calling thread. (torchrun and
-    distlab start several ranks with OMP_NUM_THREADS=1, which avoids the problem; ``mp.spawn`` does not.)
-    """
-    if dst.device.type != "cpu" or dst.numel() <= SERIAL_NUMEL or torch.get_num_threads() == 1:
-        dst.add_(src)
-        return
-    for d, s in zip(dst.split(SERIAL_NUMEL), src.split(SERIAL_NUMEL), strict=True):
-        d.add_(s)
-
-
-class _Ring:
-    """Who is left and right of this rank, and a unique tag for every (phase, step, chunk)."""
-
-    def __init__(self, group, rank: int, n: int, step: int, chunks: int):
-        import torch.distributed as dist
-
-        to_global = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
-        self.group, self.rank, self.n, self.step, self.chunks = group, rank, n, step, chunks
-        self.right, self.left = to_global((rank + 1) % n), to_global((rank - 1) % n)
-
-    def tag(self, phase: int, step: int, chunk: int) -> int:
-        """gloo matches messages by tag. NCCL ignores tags, but every rank posts its sends and its
-        receives in the same (phase, step, chunk) order, so they would pair up there as well."""
-        return (phase * self.n + step) * self.chunks + chunk
-
-    def send(self, chunk, phase, step, j):
-        import torch.distributed as dist
-
-        return dist.isend(chunk, self.right, group=self.group, tag=self.tag(phase, step, j))
-
-    def recv(self, chunk, phase, step, j):
-        import torch.distributed as dist
-
-        return dist.irecv(chunk, self.left, group=self.group, tag=self.tag(phase, step, j))
-
-
-def _reduce_scatter_phase(ring: _Ring, segs: list, like: torch.Tensor) -> None:
-    """n-1 steps; receives land in two alternating scratch buffers, one step's receives posted ahead."""
-    r, n = ring.rank, ring.n
-    size = max(sum(c.numel() for c in s) for s in segs)
-    scratch = [torch.empty(size, dtype=like.dtype, device=like.device) for _ in range(2 if n > 2 else 1)]
-
-    def post_recvs(s):
-        bufs = scratch[s % len(scratch)][: sum(c.numel() for c in segs[(r - s - 1) % n])].split(ring.step)
-        return bufs, [ring.recv(b, 0, s, j) for j, b in enumerate(bufs)]
-
-    sends = [ring.send(c, 0, 0, j) for j, c in enumerate(segs[r])]
-    pending = post_recvs(0)
-    for s in range(n - 1):
-        bufs, recvs = pending
-        if s + 1 < n - 1:
-            pending = post_recvs(s + 1)
-        target = segs[(r - s - 1) % n]
-        for j, work in enumerate(recvs):
-            work.wait()
-            add_on_this_thread(target[j], bufs[j])
-            if s + 1 < n - 1:
-                sends.append(ring.send(target[j], 0, s + 1, j))
-    for work in sends:
-        work.wait()
-
-
-def _all_gather_phase(ring: _Ring, segs: list) -> None:
-    """n-1 steps; finished chunks are received straight into place and forwarded on arrival."""
-    r, n = ring.rank, ring.n
-    recvs = [[ring.recv(c, 1, s, j) for j, c in enumerate(segs[(r - s) % n])] for s in range(n - 1)]
-    sends = [ring.send(c, 1, 0, j) for j, c in enumerate(segs[(r + 1) % n])]
-    for s in range(n - 1):
-        for j, work in enumerate(recvs[s]):
-            work.wait()
-            if s + 1 < n - 1:
-                sends.append(ring.send(segs[(r - s) % n][j], 1, s + 1, j))
-    for work in sends:
-        work.wait()
+    dist.isend = counting
+    try:
+        fn(*args, **kwargs)
+    finally:
+        dist.isend = real
+    return sent
 
 
 # --- measuring all-reduce the way nccl-tests does ----------------------------------------------------
@@ -390,8 +288,10 @@ DOCS_GLOO_CPU = dict.fromkeys(TABLE_ROWS, "✓")
 DOCS_NCCL_GPU = dict.fromkeys(TABLE_ROWS, "✓")
 # The torch.distributed.ReduceOp docstring: AVG "is only available with the NCCL backend" (NCCL >= 2.10),
 # BAND/BOR/BXOR "are not available when using the NCCL backend".
-DOCS_OPS_GLOO = {"SUM": "✓", "PRODUCT": "✓", "MIN": "✓", "MAX": "✓", "AVG": "✘ (NCCL only)"}
-DOCS_OPS_NCCL = {"SUM": "✓", "PRODUCT": "✓", "MIN": "✓", "MAX": "✓", "AVG": "✓ (NCCL ≥ 2.10)"}
+DOCS_OPS_GLOO = {"SUM": "✓", "PRODUCT": "✓", "MIN": "✓", "MAX": "✓", "AVG": "✘ (NCCL only)",
+                 "BAND": "✓", "BOR": "✓", "BXOR": "✓"}
+DOCS_OPS_NCCL = {"SUM": "✓", "PRODUCT": "✓", "MIN": "✓", "MAX": "✓", "AVG": "✓ (NCCL ≥ 2.10)",
+                 "BAND": "✘", "BOR": "✘", "BXOR": "✘"}
 
 
 def _mark(error) -> str:
@@ -474,3 +374,11 @@ def check_which_collective(answers: dict) -> None:
         if got != want:
             raise AssertionError(f"{scenario!r}: not {got!r}. Who has the data before, and who needs what after?")
     print("correct: all", len(SCENARIOS), "scenarios")
+
+
+def check_group_all_reduce(returns: dict, ranks: list, op: str) -> None:
+    """Exercise 4: ``returns[r]`` is rank r's ``(before, after)`` of an all-reduce with ``op`` in the group
+    ``ranks``; checked against :func:`ref_group_all_reduce` (ranks outside keep their tensor)."""
+    before, after = per_rank(returns, "result")
+    check_against_reference("group_all_reduce", before, after, ranks=ranks, op=op)
+    print(f"correct: ranks {ranks} hold the {op_name(op)} of their tensors; the others kept theirs.")

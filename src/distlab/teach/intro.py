@@ -1,24 +1,36 @@
-"""Helpers for the introduction."""
+"""Helpers for the introduction: collect what child processes write to a file descriptor."""
 import contextlib
 import os
 import tempfile
 
 
 @contextlib.contextmanager
-def child_stderr():
-    """Collect what child processes write to stderr (file descriptor 2) into ``lines``.
+def child_output(fd: int):
+    """Collect what child processes write to file descriptor ``fd`` (1: stdout, 2: stderr) into ``lines``.
 
-    ``mp.spawn``'s children report their unpickling error on fd 2, which a notebook frontend
-    may or may not show; collecting it makes the error something a cell can print and assert.
+    Children started with ``mp.spawn`` inherit the kernel's descriptors, so what they print goes
+    wherever the kernel's own fd points: some frontends forward it into the cell, some only to the
+    terminal that started Jupyter. Pointing ``fd`` at a file meanwhile makes it something a cell can
+    print and assert, the same in every frontend.
     """
     lines: list[str] = []
     with tempfile.TemporaryFile(mode="w+") as sink:
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
+        saved = os.dup(fd)
+        os.dup2(sink.fileno(), fd)
         try:
             yield lines
         finally:
-            os.dup2(saved, 2)
+            os.dup2(saved, fd)
             os.close(saved)
             sink.seek(0)
             lines.extend(sink.read().splitlines())
+
+
+def child_stderr():
+    """:func:`child_output` for stderr, where ``mp.spawn``'s children report an unpickling error."""
+    return child_output(2)
+
+
+def child_stdout():
+    """:func:`child_output` for stdout, where the children's ``print`` goes."""
+    return child_output(1)

@@ -102,3 +102,13 @@ def check_ring_shift(programs: dict, world_size: int = 4) -> None:
     _hint(outcome.completed, f"This {outcome}. Hint: let the even ranks send first and the odd ranks "
                              "receive first.")
     print("correct: every rank passed its tensor to the right,", outcome)
+
+
+def check_shift_right(returns: dict, world_size: int = 4) -> None:
+    """Exercise 3, on real ranks: ``returns[r]`` is what rank r received; it must be its left neighbour's rank."""
+    _hint(sorted(returns) == list(range(world_size)), f"Run it on {world_size} ranks: ranks 0..{world_size - 1}.")
+    for rank in range(world_size):
+        left, _ = ring_neighbours(rank, world_size)
+        _hint(returns[rank] == float(left), f"Rank {rank} returned {returns[rank]!r}; it should have received "
+                                            f"{float(left)} from its left neighbour, rank {left}.")
+    print(f"correct: every one of the {world_size} ranks received its left neighbour's tensor.")

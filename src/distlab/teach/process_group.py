@@ -62,6 +62,31 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+def listening_pids(port: int) -> set[int]:
+    """Process ids (of this user's processes) listening for TCP on ``port``: who hosts a store."""
+    import psutil
+
+    return {conn.pid for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid}
+
+
+def tcp_links() -> set[tuple]:
+    """This process's established TCP connections as ``(local ip, local port, remote ip, remote port)``."""
+    import psutil
+
+    return {(_plain(c.laddr.ip), c.laddr.port, _plain(c.raddr.ip), c.raddr.port)
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_ESTABLISHED and c.raddr}
+
+
+def connected(links_a: set, links_b: set, ignore_ports=()) -> bool:
+    """Whether a TCP connection joins two processes, given each one's :func:`tcp_links`: one end's
+    local address is the other end's remote address. Connections to or from ``ignore_ports`` (a store
+    one of them hosts, say) do not count."""
+    return any((rip, rport, lip, lport) in links_b for lip, lport, rip, rport in links_a
+               if lport not in ignore_ports and rport not in ignore_ports)
+
+
 def reach(addresses) -> str:
     """``"all interfaces"`` when any address is a wildcard, ``"loopback only"`` when all are
     loopback, else ``"specific interfaces"`` (and ``"nobody"`` for an empty set)."""
@@ -119,3 +144,13 @@ def check_store_counter(value, world_size: int, adds_per_rank: int) -> None:
         return
     raise AssertionError(f"{value!r} is not it: every rank's add goes to the same key on the one store "
                          "server, which adds atomically; nothing is lost and nothing is per-rank.")
+
+
+def check_rank_sum(answer, world_size: int) -> None:
+    """Exercise 3: what does ``all_reduce`` of ``rank + 1`` give on ``world_size`` ranks?"""
+    expected = world_size * (world_size + 1) / 2
+    if answer == expected:
+        print(f"correct: 1 + 2 + ... + {world_size} = {expected}, on every rank.")
+        return
+    raise AssertionError(f"{answer!r} is not it: every rank contributes its RANK + 1, and all_reduce sums "
+                         "them over all ranks (WORLD_SIZE of them), leaving the sum on every rank.")

@@ -65,8 +65,32 @@ def check_why_identical(answer: str) -> None:
         print("correct: equal start + equal gradients + the same update rule = equal parameters, step after step.")
         return
     hints = {
-        "a": "DDP broadcasts parameters once, in its constructor; after that only gradients travel.",
+        "a": "DDP broadcasts parameters once, in its constructor; after that it sends gradients (and, by "
+             "default, rank 0's buffers before each forward), never the parameters.",
         "c": "Each rank sees a different slice of the data; that is the point of data parallelism.",
         "d": "torch.optim knows nothing about other processes; DDP works in backward(), not in step().",
     }
     raise AssertionError(hints.get(key, f"Choose one of {sorted(WHY_IDENTICAL)}."))
+
+
+WHICH_BUFFERS = {
+    "a": "any rank's: DDP keeps the buffers identical on every rank",
+    "b": "rank 0's: every forward starts from rank 0's buffers, so the other ranks' last updates would be "
+         "overwritten anyway",
+    "c": "the average over the ranks: DDP averages the buffers like the gradients",
+}
+
+
+def check_buffers_to_save(answer: str) -> None:
+    """Exercise 3: after training with ``broadcast_buffers=True``, whose BatchNorm statistics to save?"""
+    key = str(answer).strip().lower()
+    if key == "b":
+        print("correct: the statistics that count are rank 0's (updated with rank 0's batches); the other ranks' "
+              "copies carry one local update that the next forward would have replaced.")
+        return
+    hints = {
+        "a": "Look at the table above: after each forward rank 1's running_mean differs from rank 0's.",
+        "c": "DDP broadcasts buffers from rank 0, it does not average them (nn.SyncBatchNorm averages batch "
+             "statistics inside each forward).",
+    }
+    raise AssertionError(hints.get(key, f"Choose one of {sorted(WHICH_BUFFERS)}."))

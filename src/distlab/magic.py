@@ -1,0 +1,79 @@
+"""The ``%%ranks`` cell magic: run one cell on the warm ranks of the current :class:`distlab.Ranks`.
+
+    %load_ext distlab
+    ranks = distlab.Ranks(2)
+
+    %%ranks              every rank
+    %%ranks 0,2          ranks 0 and 2 only
+    %%ranks --timeout 5  give up after 5 s (with each rank's stack); default: the Ranks' timeout
+
+Only cells that start with ``%%ranks`` go to the ranks. Their output appears live in that cell,
+``[rank1] ...``; each rank's last expression is the cell's value (``{rank: value}``, shown one
+rank per line). A traceback from a rank names the cell and its own line numbers.
+"""
+from __future__ import annotations
+
+from .rank_errors import RanksStoppedError
+from .rank_proto import cell_source
+from .ranks import DEFAULT, current
+
+USAGE = "usage: %%ranks [RANK,RANK,...] [--timeout SECONDS]"
+
+
+def parse_line(line: str) -> tuple[list[int] | None, object]:
+    """``"0,2 --timeout 5"`` -> ``([0, 2], 5.0)``; ranks None means all, timeout DEFAULT the Ranks' own."""
+    from IPython.core.error import UsageError
+
+    words = line.replace("=", " ").split()
+    ranks, timeout = None, DEFAULT
+    while words:
+        word = words.pop(0)
+        if word == "--timeout":
+            if not words:
+                raise UsageError(f"%%ranks: --timeout needs a number of seconds. {USAGE}")
+            timeout = _number(words.pop(0), UsageError)
+        elif ranks is None:
+            ranks = _ranks(word, UsageError)
+        else:
+            raise UsageError(f"%%ranks: unexpected {word!r}. {USAGE}")
+    return ranks, timeout
+
+
+def _number(text: str, error):
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise error(f"%%ranks: --timeout must be a number of seconds or None, not {text!r}. {USAGE}") from None
+
+
+def _ranks(text: str, error) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise error(f"%%ranks: ranks are written 0,2 (no spaces), not {text!r}. {USAGE}") from None
+
+
+def ranks_magic(line: str, cell: str):
+    """Run the cell on the ranks; return ``{rank: last expression}`` (None when no rank has one)."""
+    __tracebackhide__ = True
+    from IPython import get_ipython
+    from IPython.core.error import UsageError
+
+    selected, timeout = parse_line(line)
+    try:
+        ranks = current()
+    except RanksStoppedError as e:
+        raise UsageError(str(e)) from None  # shown as one line, no traceback
+    shell = get_ipython()
+    number = shell.execution_count - 1 if shell is not None else 0  # IPython counts the cell before it runs
+    values = ranks._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout)
+    if isinstance(values, BaseException):
+        raise values  # a rank's traceback is in the message; distlab's own frames stay out of the way
+    shown = type(values)({r: v for r, v in values.items() if v is not None})
+    return shown or None
+
+
+def register(ipython) -> None:
+    ipython.register_magic_function(ranks_magic, "cell", "ranks")

@@ -1,0 +1,241 @@
+"""Fault handling that needs no worker processes: the watcher, join/cancel, logging levels,
+torch's private function wrapper, the rendezvous handler, the torch feature check."""
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from distlab import api, compat, engine, worker
+from distlab.display import TextView
+from distlab.errors import DistlabError, RunCancelledError
+from distlab.watch import Watcher
+
+
+class RaisingView(TextView):
+    def __init__(self):
+        super().__init__(1)
+        self.calls = 0
+
+    def line(self, rank, text):
+        self.calls += 1
+        raise RuntimeError("the view broke")
+
+
+def make_folder(tmp_path):
+    for sub in ("logs/attempt0", "ready", "stacks", "metrics"):
+        (tmp_path / sub).mkdir(parents=True)
+    return tmp_path
+
+
+def test_a_view_that_raises_does_not_stop_the_watcher_or_the_timeout(tmp_path, capsys):
+    folder = make_folder(tmp_path)
+    (folder / "logs/attempt0/rank0.out").write_text("a line for the view\n")
+    view = RaisingView()
+    watcher = Watcher(folder, "no-such-run", 1, view, timeout=0.5)
+    watcher.start()
+    deadline = time.monotonic() + 20
+    while not watcher.timed_out and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watcher.finish()
+    assert watcher.timed_out, "the timeout never fired"
+    assert view.calls == 1  # switched off after its first error, not called again and again
+    assert "the live view failed (RuntimeError: the view broke)" in capsys.readouterr().err
+
+
+def test_a_view_whose_close_raises_does_not_break_finish(tmp_path):
+    class BadClose(TextView):
+        def close(self):
+            raise RuntimeError("close broke")
+
+    watcher = Watcher(make_folder(tmp_path), "rid", 1, BadClose(1), timeout=None)
+    watcher.start()
+    watcher.finish()
+    watcher.finish()  # idempotent
+
+
+def test_stack_dumps_signal_only_verified_workers_not_pids_from_files(tmp_path):
+    folder = make_folder(tmp_path)
+    bystander = subprocess.Popen(["sleep", "60"])  # a process a stale or planted ready file could name
+    try:
+        (folder / "ready" / "rank0").write_text(str(bystander.pid))
+        stacks = Watcher(folder, "rid", 1, TextView(1), timeout=1).dump_stacks()
+        time.sleep(0.2)
+        assert bystander.poll() is None, "SIGUSR1 killed a process that is not a worker of this run"
+        assert stacks == {0: "(not started yet: still importing, or already exited)"}
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_overlapping_runs_restore_torchelastic_logging_levels(monkeypatch):
+    names = engine.quiet_torchelastic.names
+    for n in names:
+        monkeypatch.setattr(logging.getLogger(n), "level", logging.INFO)
+    a, b = engine.quiet_torchelastic(), engine.quiet_torchelastic()
+    a.__enter__()
+    b.__enter__()
+    assert all(logging.getLogger(n).level == logging.CRITICAL for n in names)
+    a.__exit__(None, None, None)  # the first run ends while the second still runs
+    assert all(logging.getLogger(n).level == logging.CRITICAL for n in names)
+    b.__exit__(None, None, None)
+    assert [logging.getLogger(n).level for n in names] == [logging.INFO] * len(names)
+
+
+def fake_plan(tmp_path):
+    return SimpleNamespace(run_dir=tmp_path, run_id="fake", cancel=threading.Event())
+
+
+def test_pending_run_stays_joinable_after_a_ctrl_c_in_join(tmp_path, monkeypatch):
+    def slow_execute(plan, view):
+        time.sleep(1.5)
+        return "the result"
+
+    monkeypatch.setattr(api.engine, "execute", slow_execute)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run = api.PendingRun(fake_plan(tmp_path), view=None)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt, match="still running. Call join"):
+            run.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert run.join(timeout=30) == "the result"
+
+
+def test_cancel_asks_the_run_to_stop_and_waits_for_it(tmp_path, monkeypatch):
+    def execute_until_cancelled(plan, view):
+        plan.cancel.wait(30)
+        raise RunCancelledError("cancelled")
+
+    monkeypatch.setattr(api.engine, "execute", execute_until_cancelled)
+    run = api.PendingRun(fake_plan(tmp_path), view=None)
+    assert not run.done()
+    assert run.cancel(timeout=10) is True and run.done()
+    with pytest.raises(RunCancelledError):
+        run.join()
+
+
+def test_store_wrapper_forwards_arguments_it_does_not_know(monkeypatch):
+    import sys
+
+    import torch.distributed  # noqa: F401
+
+    rdzv = sys.modules["torch.distributed.rendezvous"]  # the attribute of that name is a function
+    seen = []
+    monkeypatch.setattr(rdzv, "_create_c10d_store", lambda *a, **k: seen.append((a, k)) or "store")
+    worker._respect_user_master_port(distlab_port=4000)
+    assert rdzv._create_c10d_store("h", 4000, 1, 2, 30, use_libuv=False, future_option=7) == "store"
+    assert seen == [(("h", 4000, 1, 2, 30), {"use_libuv": False, "future_option": 7})]
+
+
+def test_loopback_rendezvous_uses_the_public_handler_interface_and_a_fresh_store_each_attempt():
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    from distlab import rendezvous
+
+    handler = rendezvous.create_handler(SimpleNamespace(run_id="unit-test-run"))
+    try:
+        assert isinstance(handler, RendezvousHandler) and not isinstance(handler, StaticTCPRendezvous)
+        ports = []
+        for _ in range(2):
+            info = handler.next_rendezvous()
+            ports.append(info.bootstrap_store_info.master_port)
+            listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
+                         if c.status == psutil.CONN_LISTEN}
+            assert ("127.0.0.1", ports[-1]) in listening
+            assert not any(port == ports[-1] and ip != "127.0.0.1" for ip, port in listening)
+            info.store.set("k", "v")
+            assert info.store.get("k") == b"v"
+            del info
+        assert ports[0] != ports[1]
+    finally:
+        rendezvous.close_handler("unit-test-run")
+    assert "unit-test-run" not in rendezvous.HANDLERS
+
+
+def test_loopback_store_on_a_fixed_port_listens_on_loopback_only():
+    from distlab.rendezvous import bind_loopback, loopback_store
+
+    with bind_loopback() as probe:
+        port = probe.getsockname()[1]
+    store = loopback_store(port, 1, timedelta(seconds=10), wait_for_workers=False)
+    mine = [c.laddr for c in psutil.Process().net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert [a.ip for a in mine] == ["127.0.0.1"]
+    del store
+
+
+def test_a_torch_without_a_needed_feature_is_a_clear_error_before_any_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTLAB_RUNS", str(tmp_path))
+    monkeypatch.setattr(compat, "_checked", False)
+    monkeypatch.setattr(compat, "launch_config_fields", lambda: {"logs_specs"})
+    with pytest.raises(DistlabError, match=r"lacks what distlab's launcher uses: LaunchConfig.signals_to_handle\. "
+                                           r"Install torch>=2\.9"):
+        api.spawn(print_rank, nprocs=1, view=None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def print_rank(rank):
+    print(rank)
+
+
+def test_this_torch_has_every_feature_distlab_needs():
+    compat.check_torch()
+    assert compat.missing_features(set(), "", {"m": {"X"}}) == [
+        "LaunchConfig.logs_specs", "LaunchConfig.signals_to_handle", "TCPStore(master_listen_fd=...)", "m.X"]
+
+
+def test_pyproject_floor_matches_the_checked_floor():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'"torch>={compat.TORCH_FLOOR}"' in text
+
+
+def test_cleanup_runs_every_step_even_when_one_fails_and_can_run_again(monkeypatch):
+    from distlab import rendezvous, watch
+
+    done = []
+
+    def broken_finish():
+        done.append("finish")
+        raise RuntimeError("finish broke")
+
+    class Handler:
+        def shutdown(self):
+            done.append("store")
+
+    monkeypatch.setattr(watch, "stop_workers", lambda run_id: done.append(f"workers of {run_id}"))
+    monkeypatch.setitem(rendezvous.HANDLERS, "rid", Handler())
+    watcher = SimpleNamespace(finish=broken_finish, stop_agent=lambda: done.append("agent"))
+    plan = SimpleNamespace(elastic_run_id="rid", run_id="rid")
+    with pytest.raises(RuntimeError, match="finish broke"):
+        engine.cleanup(plan, watcher)
+    assert done == ["finish", "agent", "workers of rid", "store"]
+    with pytest.raises(RuntimeError):
+        engine.cleanup(plan, watcher)  # again: the store is already gone, nothing else breaks
+    assert done[4:] == ["finish", "agent", "workers of rid"]
+
+
+def test_ctrl_c_during_cleanup_is_held_back_and_the_kernel_handler_returns_after(monkeypatch):
+    kernel_handler = signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, kernel_handler)
+    try:
+        signals = engine.KernelSignals()
+        signal.signal(signal.SIGINT, lambda *a: None)  # torchelastic's handler while its agent runs
+        signals.defer()
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C during cleanup: no KeyboardInterrupt here
+        time.sleep(0.1)
+        assert signal.getsignal(signal.SIGINT) is not kernel_handler
+        assert signals.restore() is True  # ...it is reported once cleanup is over
+        assert signal.getsignal(signal.SIGINT) is kernel_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,110 @@
+"""Worker tracebacks name the notebook cell each frame of the generated script came from. No processes."""
+import runpy
+
+import pytest
+from fake_kernel import run_cells
+
+from distlab import capture, origins, script, worker
+
+CELLS = (
+    "import functools\n",
+    "class Net:\n"
+    "    def __init__(self):\n"
+    "        self.k = 2\n"
+    "\n"
+    "    def forward(self, x):\n"
+    "        return x / (self.k - 2)\n",
+    "def boom(rank):\n"
+    "    net = Net()\n"
+    "    # a comment line keeps the cell's and the script's line numbers apart\n"
+    "    return net.forward(rank)\n",
+)
+
+
+def notebook():
+    """The cells run as a kernel would, and IPython's names for them (``Cell In[2]`` ...)."""
+    ns = run_cells(*CELLS)
+    files = {ns["Net"].forward.__code__.co_filename: "Cell In[2]", ns["boom"].__code__.co_filename: "Cell In[3]"}
+    return ns, files.get
+
+
+def write_script(tmp_path, ns, label):
+    path = tmp_path / "boom.py"
+    path.write_text(script.render(capture.capture(ns["boom"]), args=(), nprocs=1, style="spawn",
+                                  backend="gloo", filename=path.name))
+    origins.save(path, ns, label)
+    return path
+
+
+def test_functions_and_methods_with_their_lines():
+    source = ("import x\n\n@functools.cache\ndef f():\n    pass\n\n"
+              "class C:\n    k = 1\n    def m(self):\n        return 1\n")
+    assert origins.functions_in(source) == [("f", 3, 5), ("C.m", 9, 10)]
+
+
+def test_a_line_of_the_script_maps_to_its_cell_and_line(tmp_path):
+    ns, label = notebook()
+    path = write_script(tmp_path, ns, label)
+    lines = path.read_text().splitlines()
+    divide = next(i for i, line in enumerate(lines, 1) if "self.k - 2" in line)
+    call = next(i for i, line in enumerate(lines, 1) if "net.forward(rank)" in line)
+    assert origins.place(str(path), divide) == "Cell In[2], line 6, in Net.forward"
+    assert origins.place(str(path), call) == "Cell In[3], line 4, in boom"
+    assert origins.place(str(path), 1) is None  # the script's header is nobody's cell
+
+
+def test_a_worker_traceback_says_which_cell_and_function(tmp_path):
+    ns, label = notebook()
+    path = write_script(tmp_path, ns, label)
+    try:
+        runpy.run_path(str(path), run_name="not_main")["boom"](0)
+    except ZeroDivisionError as e:
+        text = worker.user_traceback(e)
+    assert "    (from the notebook: Cell In[3], line 4, in boom)\n" in text
+    assert text.index("in Net.forward)") > text.index("in boom)")  # in call order, under their own frames
+    assert text.endswith("ZeroDivisionError: division by zero\n")
+
+
+def test_without_a_notebook_place_nothing_is_written(tmp_path):
+    ns, _ = notebook()
+    path = write_script(tmp_path, ns, lambda filename: None)  # e.g. plain python, no IPython
+    assert not origins.origins_path(path).exists()
+    assert origins.place(str(path), 3) is None
+
+
+def test_the_scripts_own_call_into_distlab_is_left_out(tmp_path, monkeypatch):
+    ns, label = notebook()
+    path = write_script(tmp_path, ns, label)
+    monkeypatch.setenv("RANK", "0")  # as under distlab's launcher: main() runs boom for this rank
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except ZeroDivisionError as e:
+        text = worker.user_traceback(e)
+    assert "_distlab.main(" not in text and "in <module>" not in text
+    assert f'File "{path}", line' in text and "(from the notebook: Cell In[3], line 4, in boom)" in text
+
+
+def test_a_deep_recursion_still_collapses_its_repeated_frames(tmp_path):
+    ns = run_cells("def down(n):\n    return down(n + 1)\n")
+    path = tmp_path / "down.py"
+    path.write_text(script.render(capture.capture(ns["down"]), args=(0,), nprocs=1, style="spawn", backend="gloo",
+                                  filename=path.name))
+    origins.save(path, ns, lambda filename: "Cell In[1]")
+    try:
+        runpy.run_path(str(path), run_name="not_main")["down"](0)
+    except RecursionError as e:
+        text = worker.user_traceback(e)
+    assert "more times]" in text and len(text.splitlines()) < 20, text[:2000]
+    assert "    (from the notebook: Cell In[1], line 2, in down)\n" in text
+
+
+def test_a_namespace_that_cannot_be_read_never_stops_a_launch(tmp_path):
+    class Odd(dict):
+        def get(self, *args):
+            raise RuntimeError("odd namespace")
+
+    path = tmp_path / "f.py"
+    path.write_text("def f(rank):\n    return rank\n")
+    with pytest.warns(UserWarning, match="will not name notebook cells: RuntimeError"):
+        origins.save(path, Odd(), lambda filename: "Cell In[1]")
+    assert not origins.origins_path(path).exists()

@@ -1,0 +1,266 @@
+"""Warm ranks with real processes: exec, run, subsets, output, failures, timeouts, interrupts, close."""
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+from fake_kernel import as_main, run_cells
+
+import distlab
+from distlab import rank_errors as err
+from distlab import rank_group
+from distlab.rank_proto import RankValues, Shown
+
+pytestmark = pytest.mark.slow
+ALL_REDUCE = "t = torch.ones(1); dist.all_reduce(t); t.item()"
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    with distlab.Ranks(2) as r:
+        yield r
+
+
+def alive(pids):
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def gone_soon(pids, seconds=5.0):
+    deadline = time.time() + seconds
+    while alive(pids) and time.time() < deadline:
+        time.sleep(0.05)
+    return alive(pids) == []
+
+
+def test_exec_keeps_each_ranks_state_and_returns_its_last_expression(ranks):
+    assert ranks.exec("x = rank * 10") == {0: None, 1: None}
+    values = ranks.exec("x + 1")
+    assert isinstance(values, RankValues) and values == {0: 1, 1: 11}
+    assert ranks.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+    assert ranks.exec("world_size, dist.get_world_size(), str(device)") == {0: (2, 2, "cpu"), 1: (2, 2, "cpu")}
+
+
+def test_each_rank_prints_into_the_call_with_its_prefix(ranks, capsys):
+    ranks.exec("import sys\nprint('hello from', rank)\nprint('careful', file=sys.stderr)\nprint('no newline', end='')")
+    out, errs = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["[rank0] hello from 0", "[rank0] no newline",
+                                        "[rank1] hello from 1", "[rank1] no newline"]
+    assert sorted(errs.splitlines()) == ["[rank0] careful", "[rank1] careful"]
+
+
+def test_a_subset_of_ranks_runs_alone(ranks):
+    assert ranks.exec("only = 'here'", ranks=[1]) == {1: None}
+    assert ranks.exec("'only' in globals()") == {0: False, 1: True}
+    assert ranks.exec("rank", ranks=0) == {0: 0}
+
+
+def test_run_captures_helpers_classes_imports_and_values_like_spawn(ranks, monkeypatch):
+    ns = run_cells(
+        "import torch\nimport torch.distributed as dist\nSCALE = 3\nOFFSET = torch.tensor([0.5])\n",
+        "class Box:\n    def __init__(self, v):\n        self.v = v\n",
+        "def helper(t):\n    return t * SCALE + OFFSET\n",
+        "def summed(box):\n    t = helper(torch.ones(1) * (dist.get_rank() + box.v))\n"
+        "    dist.all_reduce(t)\n    return t.item(), type(box).__name__\n",
+    )
+    as_main(monkeypatch, ns)  # the kernel's __main__ is the notebook: its classes pickle by name
+    # rank 0: (0+1)*3+0.5 = 3.5, rank 1: (1+1)*3+0.5 = 6.5 -> 10.0 on both
+    assert ranks.run(ns["summed"], ns["Box"](1)) == {0: (10.0, "Box"), 1: (10.0, "Box")}
+    assert ranks.exec("helper(torch.zeros(1)).item()") == {0: 0.5, 1: 0.5}  # defined on the ranks now
+
+
+def test_a_rank_that_raises_names_itself_and_its_line_and_the_ranks_stay_usable(ranks):
+    with pytest.raises(err.RankError) as info:
+        ranks.exec("z = 1\nif rank == 1:\n    raise ValueError('bad input on ' + str(rank))\n")
+    e = info.value
+    assert (e.rank, e.name, e.usable) == (1, "ValueError", True)
+    assert "distlab: rank 1 raised ValueError in ranks.exec.\n" in str(e)
+    assert '", line 3, in <module>\n    raise ValueError' in str(e) and "ValueError: bad input on 1" in str(e)
+    assert str(e).endswith(err.STATE_USABLE)
+    assert ranks.exec("z") == {0: 1, 1: 1}
+    assert ranks.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+
+
+def test_run_traceback_points_into_the_cell_that_defined_the_function(ranks):
+    ns = run_cells("import math\n\n\ndef broken(x):\n    y = x - 10\n    return math.sqrt(y)\n")
+    with pytest.raises(err.RankError) as info:
+        ranks.run(ns["broken"], 1)
+    assert info.value.rank == 0 and "(rank 1 raised too)" in str(info.value)
+    filename = ns["broken"].__code__.co_filename
+    assert f'File "{filename}", line 6, in broken\n    return math.sqrt(y)' in str(info.value)
+
+
+def test_syntax_errors_never_reach_the_ranks(ranks):
+    with pytest.raises(SyntaxError) as info:
+        ranks.exec("x = (\n")
+    assert info.value.filename.startswith("<ranks.exec #")
+
+
+def test_timeout_in_python_code_interrupts_it_and_keeps_every_variable(ranks):
+    ranks.exec("w = 7")
+    with pytest.raises(err.RanksTimeoutError) as info:
+        ranks.exec("import time\nif rank == 0:\n    time.sleep(120)\n", timeout=5)
+    e = info.value
+    assert e.usable and e.stacks[1] == "(finished this call)"
+    assert '", line 3 in <module>' in e.stacks[0] and "<ranks.exec #" in e.stacks[0]
+    assert "did not finish within timeout=5.0s on rank 0." in str(e) and str(e).endswith(err.STATE_USABLE)
+    assert ranks.exec("w") == {0: 7, 1: 7}
+
+
+def test_an_interrupt_stops_the_call_with_stacks_and_keeps_the_ranks(ranks):
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))  # what Kernel > Interrupt sends
+    timer.start()
+    with pytest.raises(KeyboardInterrupt) as info:
+        ranks.exec("import time\nq = 3\ntime.sleep(120)\n")
+    assert "ranks.exec was interrupted on ranks 0, 1." in str(info.value)
+    assert str(info.value).count('", line 3 in <module>') == 2 and str(info.value).endswith(err.STATE_USABLE)
+    assert ranks.exec("q") == {0: 3, 1: 3}
+
+
+def test_output_of_a_thread_that_outlives_its_call_stays_out_of_later_calls(ranks, capsys):
+    ranks.exec("import threading, time\n"
+               "th = threading.Thread(target=lambda: (time.sleep(0.5), print('late', rank)))\n"
+               "th.start()\nprint('first')")
+    ranks.exec("th.join()  # the late line is printed while this call runs\nprint('second')")
+    out, _ = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["[rank0] first", "[rank0] second", "[rank1] first", "[rank1] second"]
+    assert ranks.late_output[0] == "late 0\n" and ranks.late_output[1] == "late 1\n"
+
+
+def test_a_thread_that_prints_during_its_own_call_shows_in_that_call(ranks, capsys):
+    ranks.exec("import threading\nth = threading.Thread(target=lambda: print('from a thread', rank))\n"
+               "th.start()\nth.join()")
+    assert sorted(capsys.readouterr().out.splitlines()) == ["[rank0] from a thread 0", "[rank1] from a thread 1"]
+
+
+def test_values_that_cannot_travel_come_back_as_their_repr(ranks):
+    values = ranks.exec("class Local:\n    def __repr__(self):\n        return 'Local on ' + str(rank)\nLocal()")
+    assert values == {0: Shown("Local on 0"), 1: Shown("Local on 1")}
+    assert repr(ranks.exec("(lambda: 1)", ranks=[0])[0]).startswith("<function <lambda> at")
+
+
+def test_sockets_stay_on_loopback_and_ranks_are_fresh_interpreters(ranks):
+    listening, addresses = [], set()
+    for pid in ranks.pids:
+        proc = psutil.Process(pid)
+        assert proc.cmdline()[1] == "-c" and proc.ppid() == os.getpid()  # spawned, not a fork of this process
+        for c in proc.net_connections(kind="inet"):
+            addresses.add(c.laddr.ip.removeprefix("::ffff:"))  # gloo's IPv4-mapped IPv6 loopback
+            if c.status == psutil.CONN_LISTEN:
+                listening.append(c.laddr)
+    assert listening, "rank 0 hosts the store: something must listen"
+    assert addresses == {"127.0.0.1"}, addresses
+
+
+def test_calls_from_two_threads_do_not_overlap(ranks):
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(v=ranks.exec("import time\ntime.sleep(2)\nrank")))
+    worker.start()
+    time.sleep(0.5)
+    with pytest.raises(err.RanksBusyError, match="busy with another call"):
+        ranks.exec("1")
+    worker.join()
+    assert done["v"] == {0: 0, 1: 1} and ranks.exec("1") == {0: 1, 1: 1}
+
+
+def test_bad_call_arguments_fail_before_anything_is_sent(ranks):
+    for kwargs, name in [({"ranks": [2]}, "ranks"), ({"ranks": [0, 0]}, "ranks"), ({"ranks": []}, "ranks"),
+                         ({"timeout": 0}, "timeout")]:
+        with pytest.raises(distlab.LaunchArgumentError) as info:
+            ranks.exec("1", **kwargs)
+        assert info.value.name == name
+    with pytest.raises(distlab.LaunchArgumentError):
+        ranks.exec(b"1")
+    with pytest.raises(distlab.CaptureError):
+        ranks.run(lambda: 1)
+
+
+@pytest.fixture(scope="module")
+def fragile():
+    r = distlab.Ranks(2)
+    yield r
+    r.close()
+
+
+def test_a_blocked_collective_times_out_with_stacks_and_the_ranks_restart(fragile):
+    fragile.exec("v = 1")
+    before = fragile.pids
+    with pytest.raises(err.RanksTimeoutError) as info:
+        fragile.exec("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n", timeout=5)
+    e = info.value
+    assert not e.usable and e.stacks[1] == "(finished this call)"
+    assert "in all_reduce" in e.stacks[0] and '", line 2 in <module>' in e.stacks[0]
+    assert "so the ranks were restarted: every variable on them is lost" in str(e)
+    assert fragile.state == "ready" and set(fragile.pids).isdisjoint(before) and gone_soon(before)
+    assert fragile.exec("'v' in globals()") == {0: False, 1: False}
+    assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+
+
+def test_a_failure_that_leaves_a_rank_blocked_stops_the_ranks_until_restart(fragile):
+    before = fragile.pids
+    with pytest.raises(err.RankError) as info:
+        fragile.exec("if rank == 1:\n    raise RuntimeError('rank 1 gives up')\ndist.all_reduce(torch.ones(1))\n")
+    e = info.value
+    assert (e.rank, e.usable) == (1, False)
+    assert "Ranks still running after that failure, and where they were:\n--- rank 0 ---" in str(e)
+    assert "rank 0 stayed blocked after rank 1 failed" in str(e) and "Run ranks.restart()" in str(e)
+    assert fragile.state == "stopped" and gone_soon(before)
+    with pytest.raises(err.RanksStoppedError, match="Run ranks.restart"):
+        fragile.exec("1")
+    fragile.restart()
+    assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+
+
+def test_a_failure_that_broke_the_group_is_caught_by_the_health_check(fragile):
+    with pytest.raises(err.RankError) as info:
+        fragile.exec("if rank == 1:\n    dist.destroy_process_group()\n    raise RuntimeError('left the group')\n")
+    assert (info.value.rank, info.value.usable) == (1, False)
+    assert "(the health check, one all_reduce on every rank, failed)" in str(info.value)
+    assert fragile.state == "stopped"
+    fragile.restart()
+    assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+
+
+def test_a_rank_that_dies_is_reported_with_its_exit_code(fragile):
+    before = fragile.pids
+    with pytest.raises(err.RankError) as info:
+        fragile.exec("import os\nif rank == 1:\n    os._exit(3)\n")
+    assert (info.value.rank, info.value.name) == (1, "died")
+    assert "distlab: rank 1 died (exit code 3) in ranks.exec." in str(info.value)
+    assert fragile.state == "stopped" and gone_soon(before)
+
+
+def test_close_and_the_end_of_a_with_block_leave_no_rank():
+    with distlab.Ranks(2) as r:
+        pids, folder = r.pids, r._group.folder  # stack dumps and C-level logs live here
+        assert len(alive(pids)) == 2
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+    assert gone_soon(pids) and r.state == "closed" and not folder.exists()
+    r.close()  # twice is fine
+    with pytest.raises(err.RanksStoppedError, match="these ranks are closed"):
+        r.exec("1")
+
+
+def test_a_rank_that_cannot_start_is_named_with_its_output_and_nothing_is_left(monkeypatch):
+    started, real = [], rank_group.start_rank_process
+
+    def second_rank_fails(cfg, fds, log):
+        if cfg["rank"] != 1:
+            proc = real(cfg, fds, log)
+        else:
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([sys.executable, "-c", "print('no torch here'); raise SystemExit(3)"],
+                                        stdout=out, stderr=subprocess.STDOUT, pass_fds=fds)
+        started.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(rank_group, "start_rank_process", second_rank_fails)
+    with pytest.raises(err.RanksStartError) as info:
+        distlab.Ranks(2)
+    assert str(info.value) == ("distlab: rank 1 could not start (exited with code 3).\nno torch here\n"
+                               "Nothing is left running.")
+    assert len(started) == 2 and gone_soon(started)

@@ -1,0 +1,303 @@
+"""The live view's state and the static record a cell keeps after a run. No processes, no browser."""
+import logging
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from distlab import engine, record
+from distlab.display import WidgetView
+from distlab.errors import INTERRUPTED, RunInterrupted, WorkerFailedError, WorkerTimeoutError
+from distlab.results import RunResult
+
+
+class Blocks(HTMLParser):
+    """The record's per-rank ``<details>`` blocks, in page order: rank, open, summary, ``earlier`` (the
+    text behind the nested "earlier lines" block) and ``shown`` (the text in view without a click)."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.blocks, self._stack = [], []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "details" and "data-rank" in attrs:
+            self.blocks.append({"rank": int(attrs["data-rank"]), "open": "open" in attrs, "summary": "",
+                                "earlier": "", "shown": ""})
+        if tag in ("details", "summary"):
+            self._stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in ("details", "summary") and self._stack:
+            self._stack.pop()
+
+    def handle_data(self, data):
+        if not self._stack or not self.blocks:
+            return
+        depth = self._stack.count("details")
+        if self._stack[-1] == "summary":
+            key = "summary" if depth == 1 else "earlier"
+        else:
+            key = "shown" if depth == 1 else "earlier"
+        self.blocks[-1][key] += data
+
+
+def board_with_lines(world_size: int, lines_per_rank: int = 3) -> record.Board:
+    board = record.Board(world_size)
+    for rank in range(world_size):
+        for i in range(lines_per_rank):
+            board.line(rank, f"rank {rank} line {i}")
+    return board
+
+
+def test_a_failed_run_shows_the_rank_that_failed_first_on_top_open_and_marked():
+    board = board_with_lines(3)
+    board.line(2, "ValueError: boom")
+    board.finish(record.Outcome("failed", wall_s=2.5, failed_rank=2, exitcode=1))
+    blocks = Blocks(record.record_html(board)).blocks
+    assert [(b["rank"], b["open"]) for b in blocks] == [(2, True), (0, False), (1, False)]
+    assert "✗ failed first (exit code 1)" in blocks[0]["summary"] and blocks[0]["shown"].endswith("ValueError: boom")
+    assert "stopped by distlab" in blocks[1]["summary"]
+    text = record.record_text(board)
+    assert text.splitlines()[0] == ("distlab: rank 2 failed first (exit code 1) after 2.5 s; "
+                                    "the other ranks were stopped")
+    assert text.index("--- rank 2 ·") < text.index("--- rank 0 ·")
+
+
+def test_a_successful_record_opens_every_rank_and_shows_the_returns():
+    board = board_with_lines(2)
+    board.finish(record.outcome_of(RunResult(Path("/runs/x"), None, 2, returns={0: 0, 1: 2}, wall_s=3.14)))
+    page = record.record_html(board)
+    blocks = Blocks(page).blocks
+    assert [(b["rank"], b["open"]) for b in blocks] == [(0, True), (1, True)]
+    assert "done in 3.1 s" in blocks[1]["summary"]
+    assert blocks[1]["shown"] == "rank 1 line 0\nrank 1 line 1\nrank 1 line 2"
+    assert "{0: 0, 1: 2}" in page and "/runs/x" in page
+    assert record.record_text(board).startswith("distlab: 2 ranks done in 3.1 s\n--- rank 0 · done in 3.1 s · 3 lines")
+
+
+def test_an_interrupted_record_leads_with_the_headline_and_keeps_ranks_a_click_away():
+    board = board_with_lines(2)
+    board.finish(record.Outcome("interrupted", wall_s=4.0))
+    assert [(b["open"], b["summary"]) for b in Blocks(record.record_html(board)).blocks] == [
+        (False, "rank 0 · interrupted · 3 lines"), (False, "rank 1 · interrupted · 3 lines")]
+
+
+def test_the_record_is_plain_html_and_text_with_no_widget():
+    board = board_with_lines(1)
+    board.finish(record.Outcome("done", wall_s=1.0))
+    assert set(record.record_bundle(board)) == {"text/html", "text/plain"}
+
+
+def test_printed_markup_is_shown_as_text_never_run():
+    board = record.Board(1)
+    board.line(0, "<script>alert(1)</script> & <b>")
+    board.finish(record.Outcome("done", wall_s=1.0))
+    page = record.record_html(board)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &lt;b&gt;" in page
+
+
+def test_the_record_shows_the_last_lines_and_keeps_the_earlier_ones_a_click_away():
+    board = record.Board(1)
+    board.line(0, "only the streamed tail")
+    n = record.RECORD_TAIL_LINES + 50
+    board.finish(record.Outcome("done", wall_s=1.0, logs={0: "".join(f"line {i}\n" for i in range(n))}))
+    (block,) = Blocks(record.record_html(board)).blocks
+    assert f"{n} lines" in block["summary"]
+    assert block["shown"] == "\n".join(f"line {i}" for i in range(n - record.RECORD_SHOWN_LINES, n))
+    assert block["earlier"].startswith(f"{n - record.RECORD_SHOWN_LINES} earlier lines"
+                                       "… 50 older lines: res.logs or the run folder\nline 50\n")
+    assert block["earlier"].endswith(f"line {n - record.RECORD_SHOWN_LINES - 1}")
+    text = record.record_text(board)
+    assert f"… {n - record.TEXT_TAIL_LINES} earlier lines not shown\nline {n - record.TEXT_TAIL_LINES}\n" in text
+
+
+def test_a_rank_that_printed_nothing_says_so():
+    board = record.Board(1)
+    board.finish(record.Outcome("done", wall_s=1.0))
+    (block,) = Blocks(record.record_html(board)).blocks
+    assert (block["summary"], block["shown"]) == ("rank 0 · done in 1.0 s · no output", "(printed nothing)")
+
+
+def test_a_live_pane_keeps_the_latest_lines():
+    board = record.Board(1)
+    for i in range(record.LIVE_TAIL_LINES + 7):
+        board.line(0, f"step {i}")
+    pane = record.pane_html(board.ranks[0].lines, board.ranks[0].count)
+    assert "… 7 earlier lines not shown\nstep 7\n" in pane and pane.endswith(f"step {record.LIVE_TAIL_LINES + 6}</pre>")
+
+
+def test_ranks_a_script_started_itself_report_progress_but_get_no_empty_block():
+    board = record.Board(1)  # run_script(mode="python"): one process, whose mp.spawn children report
+    board.line(0, "printed by every rank of the script")
+    board.metric(1, {"step": 1, "total": 2})
+    board.finish(record.Outcome("done", wall_s=1.0))
+    assert [b["rank"] for b in Blocks(record.record_html(board)).blocks] == [0]
+
+
+def test_rank_states_from_starting_to_done():
+    board = record.Board(2)
+    assert [s.title() for s in board.ranks] == ["rank 0 · starting", "rank 1 · starting"]
+    board.metric(0, {"loss": 0.5})  # a number without progress: still starting, no step shown
+    assert board.ranks[0].title() == "rank 0 · starting"
+    assert board.metric(0, {"step": 3, "total": 10, "loss": 0.25})
+    board.started(1)
+    assert [s.title() for s in board.ranks] == ["rank 0 · 3/10", "rank 1 · running"]
+    board.returned(1, 1.52)
+    board.finish(record.Outcome("done", wall_s=2.0))
+    assert [s.title() for s in board.ranks] == ["rank 0 ✓ 2.0 s", "rank 1 ✓ 1.5 s"]
+    assert [s.label() for s in board.ranks] == ["done in 2.0 s", "done in 1.5 s"]
+
+
+@pytest.mark.parametrize("value, kind, headline", [
+    (WorkerFailedError(1, 1, "tb", "", "/r", RunResult(Path("/r"), None, 2, wall_s=2.0)), "failed",
+     "rank 1 failed first (exit code 1) after 2.0 s; the other ranks were stopped"),
+    (WorkerTimeoutError(5.0, {}, "/r", RunResult(Path("/r"), None, 2, wall_s=5.5)), "timed out",
+     "timed out after 5.5 s; all ranks were stopped"),
+    (RunInterrupted(2, "/r", RunResult(Path("/r"), None, 2, wall_s=4.0)), "interrupted",
+     "interrupted after 4.0 s; all 2 worker processes were stopped"),
+    (RuntimeError("distlab: run cancelled; all 2 worker processes were stopped. Run folder: /r"), "ended",
+     "run cancelled; all 2 worker processes were stopped."),
+    (ValueError(), "ended", "ValueError"),
+])
+def test_every_way_a_run_ends_has_a_headline(value, kind, headline):
+    outcome = record.outcome_of(value, wall_s=9.0)
+    assert (outcome.kind, outcome.headline(2)) == (kind, headline)
+
+
+def test_the_interrupt_leads_with_one_line_in_a_notebook():
+    e = RunInterrupted(2, "/runs/x")
+    assert isinstance(e, KeyboardInterrupt) and str(e) == INTERRUPTED.format(n=2, run_dir="/runs/x")
+    assert e._render_traceback_() == ["\x1b[0;31mdistlab: interrupted; all 2 worker processes were stopped.\x1b[0m",
+                                      "Run folder (script and every rank's log): /runs/x"]
+
+
+def test_a_worker_failure_leads_with_the_failed_rank_not_distlab_frames():
+    e = WorkerFailedError(1, 1, "Traceback (most recent call last):\n  File boom.py\nValueError: boom\n", "up", "/r")
+    lines = e._render_traceback_()
+    assert lines[0] == "\x1b[0;31mWorkerFailedError: distlab: rank 1 failed first (exit code 1); " \
+                       "the other ranks were stopped.\x1b[0m"
+    assert lines[1:4] == ["Traceback (most recent call last):", "  File boom.py", "ValueError: boom"]
+
+
+def _deep_inside_distlab():
+    raise WorkerFailedError(1, 1, "ValueError: boom\n", "", "/r")
+
+
+def test_ipython_shows_the_message_not_the_frames_it_came_through(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns["launch"] = _deep_inside_distlab
+        shell.run_cell("launch()")
+    finally:
+        InteractiveShell.clear_instance()
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[0].endswith("WorkerFailedError: distlab: rank 1 failed first (exit code 1); "
+                                          "the other ranks were stopped.\x1b[0m"), shown
+    assert "_deep_inside_distlab" not in shown and "ValueError: boom" in shown
+
+
+# ---------------------------------------------------------------------------------------------- widget view
+class FakeShower:
+    def __init__(self):
+        self.shown, self.replaced = [], []
+
+    def show(self, obj, display_id):
+        self.shown.append((obj, display_id))
+
+    def replace(self, bundle, display_id):
+        self.replaced.append((bundle, display_id))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def widget_view():
+    shower, clock = FakeShower(), Clock()
+    view = WidgetView(2, shower=shower, clock=clock)
+    yield view, shower, clock
+    view._stop.set()
+
+
+def test_no_progress_bar_until_a_rank_reports_step_and_total(widget_view):
+    view, _, _ = widget_view
+    view.metric(0, {"loss": 1.0})
+    view.refresh()
+    assert view.bars.children == ()
+    view.metric(1, {"step": 4, "total": 8, "loss": 0.5})
+    view.refresh()
+    (row,) = view.bars.children
+    bar, label = row.children
+    assert (bar.description, bar.value, bar.max) == ("rank 1", 4, 8) and label.value == "4/8  loss=0.5"
+
+
+def test_tabs_show_each_rank_state_and_panes_follow_the_tail(widget_view, tmp_path):
+    view, _, clock = widget_view
+    view.begin(tmp_path)
+    for sub in ("ready", "returns"):
+        (tmp_path / sub).mkdir()
+    view.refresh()
+    assert view.tabs.titles == ("rank 0 · starting", "rank 1 · starting")
+    (tmp_path / "ready" / "rank1").write_text("123")  # rank 1's interpreter is up, it printed nothing yet
+    view.line(0, "hello")
+    view.refresh()
+    assert view.tabs.titles == ("rank 0 · running", "rank 1 · running")
+    assert "hello" in view.panes[0].value and view.panes[0].layout.flex_flow == "column-reverse"
+    clock.now += 1.25
+    (tmp_path / "returns" / "rank1.pt").write_bytes(b"")
+    view.refresh()
+    assert view.tabs.titles[1] == "rank 1 ✓ 1.2 s"
+
+
+def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected(widget_view):
+    view, shower, _ = widget_view
+    view.begin("/runs/x")
+    view.line(1, "ValueError: boom")
+    view.close()
+    assert shower.replaced == []  # this engine reports the outcome: the record waits for finish()
+    view.finish(WorkerFailedError(1, 1, "tb", "", "/runs/x"))
+    assert view.tabs.selected_index == 1 and view.tabs.titles == ("rank 0 · stopped", "rank 1 ✗ failed first")
+    ((bundle, display_id),) = shower.replaced
+    assert display_id == shower.shown[0][1] and set(bundle) == {"text/html", "text/plain"}
+    assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1
+    (inside,) = view.box.children  # where the output cannot be replaced (join=False), the widget shows it
+    assert inside.value == bundle["text/html"]
+
+
+def test_an_engine_without_finish_still_leaves_a_record(widget_view):
+    view, shower, clock = widget_view
+    view.line(0, "hi")
+    clock.now += 2.0
+    view.close()
+    ((bundle, _),) = shower.replaced
+    assert bundle["text/plain"].startswith("distlab: ended after 2.0 s\n--- rank 0 · ended · 1 line ---\nhi")
+
+
+# ---------------------------------------------------------------------------------------------- engine hooks
+def test_views_without_the_optional_methods_or_failing_in_them_never_change_the_run():
+    class Old:
+        pass
+
+    class Broken:
+        def finish(self, outcome):
+            raise RuntimeError("display gone")
+
+    engine.tell_view(Old(), "finish", None)
+    with pytest.warns(UserWarning, match=r"the live view failed in finish\(\): RuntimeError"):
+        engine.tell_view(Broken(), "finish", None)
+
+
+def test_torchelastic_log_lines_stay_out_of_the_cell():
+    agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    with engine.quiet_torchelastic():
+        quiet = agent.isEnabledFor(logging.WARNING)  # "Received 2 death signal, shutting down workers"
+    assert not quiet and agent.isEnabledFor(logging.WARNING)

@@ -1,0 +1,159 @@
+"""Another user of the same machine, played by a real second account.
+
+The tests run as root (as CI does): a fixture creates an unprivileged user with ``useradd`` and
+runs the attacker's side as that user (``runuser``), with plain shell commands. Each attack
+below worked against distlab's old fixed ``<tmp>/distlab-runs`` folder.
+"""
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from fake_kernel import run_cells
+
+import distlab
+from distlab import engine
+from distlab.errors import RunFolderError
+from distlab.runfolder import RunFolder
+
+OTHER = "distlab-other"
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+CELLS = run_cells(
+    """
+    import torch
+    SCALE = torch.full((3,), 2.0)
+    """,
+    """
+    def scaled(rank, x):
+        print("secret output", flush=True)
+        return SCALE * x + rank
+    """,
+)
+
+
+@pytest.fixture(scope="session")
+def other_user() -> pwd.struct_passwd:
+    """An unprivileged account (created once; idempotent)."""
+    try:
+        return pwd.getpwnam(OTHER)
+    except KeyError:
+        pass
+    made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER],
+                          capture_output=True, text=True)
+    try:
+        return pwd.getpwnam(OTHER)
+    except KeyError:
+        raise AssertionError(f"could not create the second user: {made.stderr}") from None
+
+
+@pytest.fixture
+def shared_tmp(monkeypatch):
+    """A fresh /tmp-like folder (sticky, world-writable) as tempfile's directory for this test."""
+    path = Path(tempfile.mkdtemp(prefix="distlab-shared-test-"))
+    path.chmod(0o1777)
+    monkeypatch.setattr("tempfile.tempdir", str(path))
+    monkeypatch.delenv("DISTLAB_RUNS", raising=False)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_other(command: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a shell command as the other user (never as root)."""
+    prefix = ["runuser", "-u", OTHER, "--"]
+    if env:
+        prefix += ["env", *(f"{k}={v}" for k, v in env.items())]
+    return subprocess.run([*prefix, "sh", "-c", command], capture_output=True, text=True, errors="replace", timeout=60)
+
+
+def my_root(shared_tmp: Path) -> Path:
+    return shared_tmp / f"distlab-{os.getuid()}"
+
+
+def test_another_user_cannot_take_the_runs_root_first(other_user, shared_tmp):
+    trap = my_root(shared_tmp)
+    old_trap = shared_tmp / "distlab-runs"  # the old fixed name
+    assert as_other(f"mkdir -m 777 {trap} {old_trap}").returncode == 0
+    with pytest.raises(RunFolderError, match=rf"it belongs to user {OTHER} \(uid {other_user.pw_uid}\), not to you"):
+        distlab.spawn(CELLS["scaled"], args=(torch.ones(3),), nprocs=1, view=None)
+    assert list(trap.iterdir()) == [] and list(old_trap.iterdir()) == []  # nothing of ours went there
+
+
+def test_a_symlink_planted_as_the_root_is_refused(other_user, shared_tmp):
+    theirs = shared_tmp / "theirs"
+    assert as_other(f"mkdir -m 777 {theirs} && ln -s {theirs} {my_root(shared_tmp)}").returncode == 0
+    with pytest.raises(RunFolderError, match=f"it is a symbolic link \\(to {theirs}\\)"):
+        engine.new_run_dir("demo")
+    assert list(theirs.iterdir()) == []
+
+
+def test_a_root_owned_by_someone_else_is_a_clear_error_not_a_permission_error(other_user, shared_tmp, monkeypatch):
+    theirs = shared_tmp / "their-runs"
+    assert as_other(f"mkdir -m 700 {theirs}").returncode == 0
+    monkeypatch.setenv("DISTLAB_RUNS", str(theirs))
+    with pytest.raises(RunFolderError, match=rf"{theirs} for run folders: it belongs to user {OTHER}"):
+        engine.new_run_dir("demo")
+
+    monkeypatch.delenv("DISTLAB_RUNS")
+    mine = RunFolder.create("demo").path.parent
+    probe = (  # the other user, running distlab's run-folder code with a system Python (no torch needed)
+        "import sys, types\n"
+        f"pkg = types.ModuleType('distlab'); pkg.__path__ = [{str(SRC / 'distlab')!r}]; sys.modules['distlab'] = pkg\n"
+        "from distlab.runfolder import RunFolder\n"
+        "from distlab.errors import RunFolderError\n"
+        "print('OWN:', RunFolder.create('x').path)\n"
+        "try:\n"
+        f"    RunFolder.create('x', root={str(mine)!r})\n"
+        "except RunFolderError as e:\n"
+        "    print('CLEAR:', e)\n"
+    )
+    out = as_other(f"{other_python()} -c \"$PROBE\"", env={"PROBE": probe, "TMPDIR": shared_tmp})
+    assert f"CLEAR: distlab: cannot use {mine} for run folders: it belongs to user root" in out.stdout, out
+    own = Path(out.stdout.split("OWN: ")[1].split()[0])
+    assert own.parent == shared_tmp / f"distlab-{other_user.pw_uid}"  # each user has a root of their own
+    assert os.stat(own.parent).st_uid == other_user.pw_uid and stat.S_IMODE(os.stat(own.parent).st_mode) == 0o700
+
+
+def other_python() -> str:
+    """A Python the other user may execute (this venv may live in root's home)."""
+    for candidate in (sys.executable, sys._base_executable, shutil.which("python3", path="/usr/local/bin:/usr/bin")):
+        if candidate and as_other(f"{candidate} -c pass").returncode == 0:
+            return candidate
+    raise AssertionError("no Python that the second user can run")
+
+
+ATTACKS = {
+    "list the root": "ls {root}",
+    "read the script": "cat {run}/scaled.py",
+    "read values.pt": "cat {run}/values.pt",
+    "read args.pt": "cat {run}/args.pt",
+    "read a return value": "cat {run}/returns/rank0.pt",
+    "read a log": "cat {run}/logs/attempt0/rank0.out",
+    "plant a return value": "echo planted > {run}/returns/rank1.pt",
+    "replace values.pt": "echo planted > {run}/values.pt",
+    "replace the script": "echo 'import os' > {run}/scaled.py",
+    "plant a run folder": "mkdir {root}/20990101-000000-planted-x",
+    "move the run folder away": "mv {run} {run}.moved",
+    "delete the run folder": "rm -rf {run}",
+}
+
+
+@pytest.mark.slow
+def test_another_user_can_neither_read_nor_plant_anything_in_a_run(other_user, shared_tmp):
+    res = distlab.spawn(CELLS["scaled"], args=(torch.ones(3),), nprocs=1, view=None)
+    run, root = res.run_dir, res.run_dir.parent
+    assert (run / "values.pt").exists() and (run / "args.pt").exists() and (run / "returns/rank0.pt").exists()
+    succeeded = [name for name, cmd in ATTACKS.items()
+                 if as_other(cmd.format(run=run, root=root)).returncode == 0]
+    assert succeeded == []
+    modes = {str(p.relative_to(run)): stat.S_IMODE(p.lstat().st_mode) for p in [run, *run.rglob("*")]}
+    assert {name for name, m in modes.items() if m & 0o077} == set(), modes  # 0700 folders, 0600 files
+    assert torch.equal(res.returns[0], torch.full((3,), 2.0))
+    assert "secret output" in (run / "logs/attempt0/rank0.out").read_text()
+    assert sorted(p.name for p in root.iterdir()) == [run.name]
