@@ -14,6 +14,7 @@ cells and their outputs are not in the catalogs: both editions show the same exe
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -46,20 +47,81 @@ def write_config(source: Path, dest: Path, language: str | None) -> Path:
 
 
 def extract_templates(source: Path, out: Path) -> Path:
-    """Run Sphinx's gettext builder over the book in ``source``; returns the folder of .pot files."""
+    """Run Sphinx's gettext builder over the book in ``source``, and add the figures' captions and
+    alt text (cell metadata, which Sphinx never sees as text); returns the folder of .pot files."""
     config = write_config(source, out / "_config.gettext.yml", None)
     cmd = [jupyter_book(), "build", str(source), "--config", str(config), "--path-output", str(out),
            "--builder", "custom", "--custom-builder", "gettext"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    return out / "_build" / "gettext"
+    templates = out / "_build" / "gettext"
+    write_figure_templates(source, templates / FIGURES)
+    return templates
+
+
+# --- captions and alt text: MyST-NB reads them from each figure cell's metadata ----------------------
+FIGURES = "figures"
+FIGURE_KEYS = (("figure", "caption"), ("image", "alt"))
+
+
+def figure_strings(notebook: dict) -> list[str]:
+    """Every caption and alt text of a notebook's figure cells, in order, each once."""
+    found: list[str] = []
+    for cell in notebook["cells"]:
+        meta = cell.get("metadata", {}).get("mystnb", {})
+        for group, key in FIGURE_KEYS:
+            text = meta.get(group, {}).get(key)
+            if text and text not in found:
+                found.append(text)
+    return found
+
+
+def write_figure_templates(source: Path, folder: Path) -> None:
+    """``figures/<chapter>.pot``: the captions and alt text, a template like Sphinx's own."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in sorted((source / "book").glob("*.ipynb")):
+        catalog = Catalog()
+        for text in figure_strings(json.loads(path.read_text())):
+            catalog.add(text, locations=[(f"book/{path.name}", 0)])
+        with open(folder / f"{path.stem}.pot", "wb") as f:
+            write_po(f, catalog)
+
+
+def translate_figures(source: Path, language: str = LANGUAGE) -> None:
+    """Replace captions and alt text in ``source``'s notebooks by their translations."""
+    from babel.messages.pofile import read_po
+
+    for path in sorted((source / "book").glob("*.ipynb")):
+        po = source / LOCALES / language / "LC_MESSAGES" / FIGURES / f"{path.stem}.po"
+        if not po.exists():
+            continue
+        with open(po, "rb") as f:
+            table = {m.id: m.string for m in read_po(f) if m.id and m.string and not m.fuzzy}
+        notebook = json.loads(path.read_text())
+        for cell in notebook["cells"]:
+            meta = cell.get("metadata", {}).get("mystnb", {})
+            for group, key in FIGURE_KEYS:
+                text = meta.get(group, {}).get(key)
+                if text in table:
+                    meta[group][key] = table[text]
+        path.write_text(json.dumps(notebook, ensure_ascii=False, indent=1))
 
 
 def build_edition(source: Path, out_html: Path, language: str = LANGUAGE, strict: bool = True):
-    """Build the book in ``source`` (notebooks already executed) in ``language`` into ``out_html``."""
+    """Build the book in ``source`` (notebooks already executed) in ``language`` into ``out_html``.
+
+    The build reads a copy in ``<out_html>/../src`` (the figures' captions are translated in it)."""
     work = out_html.parent
+    src = work / "src"
     work.mkdir(parents=True, exist_ok=True)
-    config = write_config(source, work / f"_config.{language}.yml", language)
-    cmd = [jupyter_book(), "build", str(source), "--config", str(config), "--path-output", str(work)]
+    if source.resolve() != src.resolve():
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.copytree(source, src, ignore=shutil.ignore_patterns("_build", ".jupyter_cache", ".ipynb_checkpoints"))
+    translate_figures(src, language)
+    config = write_config(src, work / f"_config.{language}.yml", language)
+    cmd = [jupyter_book(), "build", str(src), "--config", str(config), "--path-output", str(work)]
     if strict:
         cmd += ["-W", "--keep-going"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

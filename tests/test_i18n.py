@@ -74,3 +74,23 @@ def test_chinese_page_is_chinese_with_the_same_outputs(executed_book, name):
     title = re.search(r"<h1>(.*?)<", zh).group(1)
     assert CJK.search(title), f"{name}: the title is not translated: {title!r}"
     assert zh.count('class="cell_output') == en.count('class="cell_output')
+
+
+def test_captions_and_alt_text_are_templated_and_translated(tmp_path):
+    import json
+
+    nb = {"cells": [{"cell_type": "code", "metadata": {"mystnb": {"figure": {"caption": "Loss per step."},
+                                                                    "image": {"alt": "A falling curve."}}}},
+                    {"cell_type": "markdown", "metadata": {}}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "ch.ipynb").write_text(json.dumps(nb))
+    assert i18n.figure_strings(nb) == ["Loss per step.", "A falling curve."]
+    i18n.write_figure_templates(tmp_path, tmp_path / "pot")
+    assert 'msgid "Loss per step."' in (tmp_path / "pot" / "ch.pot").read_text()
+    po = tmp_path / "locales" / "zh_CN" / "LC_MESSAGES" / "figures" / "ch.po"
+    po.parent.mkdir(parents=True)
+    po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                  'msgid "Loss per step."\nmsgstr "每一步的损失。"\n\n#, fuzzy\nmsgid "A falling curve."\nmsgstr "旧"\n')
+    i18n.translate_figures(tmp_path)
+    meta = json.loads((tmp_path / "book" / "ch.ipynb").read_text())["cells"][0]["metadata"]["mystnb"]
+    assert meta == {"figure": {"caption": "每一步的损失。"}, "image": {"alt": "A falling curve."}}  # fuzzy: kept
