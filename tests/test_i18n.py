@@ -90,7 +90,8 @@ def test_captions_and_alt_text_are_templated_and_translated(tmp_path):
     po = tmp_path / "locales" / "zh_CN" / "LC_MESSAGES" / "figures" / "ch.po"
     po.parent.mkdir(parents=True)
     po.write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
-                  'msgid "Loss per step."\nmsgstr "每一步的损失。"\n\n#, fuzzy\nmsgid "A falling curve."\nmsgstr "旧"\n')
+                  'msgid "Loss per step."\nmsgstr "每一步的损失。"\n\n'
+                  '#, fuzzy\nmsgid "A falling curve."\nmsgstr "旧"\n')
     i18n.translate_figures(tmp_path)
     meta = json.loads((tmp_path / "book" / "ch.ipynb").read_text())["cells"][0]["metadata"]["mystnb"]
     assert meta == {"figure": {"caption": "每一步的损失。"}, "image": {"alt": "A falling curve."}}  # fuzzy: kept
