@@ -155,3 +155,42 @@ def plot_phases(plain: dict[str, float], ddp: dict[str, float], comm: float, ove
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
+
+
+def plot_bucket_timeline(timelines: dict[int, dict]):
+    """One panel per rank: when each gradient became ready during one backward pass, and when each
+    bucket's all-reduce ran (from DDP handing it to the communication hook to its completion).
+
+    ``timelines[rank]`` holds perf_counter seconds: ``start``/``end`` of ``loss.backward()``,
+    ``ready`` ``[(param_index, t)]``, ``launched``/``done`` ``[(bucket, t)]`` and ``members``
+    ``{bucket: [param_index, ...]}``. Times are drawn in ms from the start of backward.
+    """
+    ranks = sorted(timelines)
+    n_buckets = max(len(t["members"]) for t in timelines.values())
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(7.5, 0.9 + (1.1 + 0.35 * n_buckets) * len(ranks)),
+                             sharex=True, squeeze=False)
+    for ax, rank in zip(axes[:, 0], ranks, strict=True):
+        t = timelines[rank]
+
+        def ms(seconds, t0=t["start"]):
+            return 1e3 * (seconds - t0)
+
+        bucket_of = {p: b for b, params in t["members"].items() for p in params}
+        colour = {b: f"C{b % 10}" for b in t["members"]}
+        ready = sorted(t["ready"], key=lambda item: item[1])
+        ax.scatter([ms(s) for _, s in ready], [0] * len(ready), marker="|", s=200,
+                   c=[colour.get(bucket_of.get(p), "0.4") for p, _ in ready], label="a gradient is ready")
+        launched, done = dict(t["launched"]), dict(t["done"])
+        for b in sorted(launched):
+            ax.barh(1 + b, ms(done[b]) - ms(launched[b]), left=ms(launched[b]), height=0.6, color=colour[b],
+                    label="all-reduce of a bucket" if b == 0 else None)
+        ax.axvline(ms(ready[-1][1]), color="0.3", linestyle=":", label="last gradient ready")
+        ax.axvline(ms(t["end"]), color="0.3", linestyle="--", label="backward() returns")
+        ax.set_yticks(range(1 + n_buckets), ["gradients"] + [f"bucket {b}" for b in range(n_buckets)])
+        ax.set_ylim(n_buckets + 0.6, -0.6)
+        ax.set_ylabel(f"rank {rank}")
+    axes[-1, 0].set_xlabel("ms since loss.backward() started")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
