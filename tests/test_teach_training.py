@@ -71,6 +71,10 @@ def test_script_compiles_and_keeps_the_articles_program(script):
     assert "'12355'" not in text and 'init_process_group("nccl"' not in text
 
 
+def test_the_scripts_launcher_variables_are_the_harness_ones(ns):
+    assert ns["LAUNCHER_VARS"] == T.LAUNCHER_VARS   # tests and the GPU check clear the same variables
+
+
 def test_script_marks_the_articles_changes(script):
     text = script.read_text()
     for line in ['dist.init_process_group(backend, rank=rank, world_size=world_size)  # changed: was "nccl"',

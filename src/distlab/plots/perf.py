@@ -36,7 +36,6 @@ def plot_launch(names: list[str], ratios: list[float]):
     _baseline(ax, label="bare Popen", vertical=True)
     ax.invert_yaxis()
     ax.set_xlabel("wall time of a 2-rank trivial job / bare Popen")
-    ax.set_title("Launch cost")
     ax.legend(loc="lower right")
     fig.tight_layout()
     return fig
@@ -64,7 +63,6 @@ def plot_message_size(sizes: list[float], seconds: list[float], alpha: float, be
     ax.set_xlim(lo, hi)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel(f"time / time of {_human(sizes[0])}")
-    ax.set_title("All-reduce cost against message size")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
@@ -89,7 +87,6 @@ def plot_overhead(ratios: dict[str, dict[int, float]], goal: float = 1.05):
     ax.yaxis.set_major_formatter(plain_numbers)
     ax.yaxis.set_minor_formatter(plain_numbers)
     ax.set_ylabel("DDP step time / plain step time")
-    ax.set_title("What wrapping a model in DDP costs")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -106,7 +103,6 @@ def plot_buckets(sweep: dict[float, dict], baseline: float):
     ax.set_xticks(range(len(caps)), labels)
     ax.set_xlabel("bucket_cap_mb")
     ax.set_ylabel("DDP step time / baseline")
-    ax.set_title("Bucket size (2 ranks)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -128,7 +124,6 @@ def plot_no_sync(ks: list[int], bytes_per_sample: list[float], seconds_per_sampl
         ax.set_xlabel("micro-batches per optimizer step (k)")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    fig.suptitle("Gradient accumulation with no_sync()")
     fig.tight_layout()
     return fig
 
@@ -151,7 +146,6 @@ def plot_phases(plain: dict[str, float], ddp: dict[str, float], comm: float, ove
     _baseline(ax, label="plain step", vertical=True)
     ax.invert_yaxis()
     ax.set_xlabel("time / plain step time")
-    ax.set_title("Where one step's time goes (2 ranks)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig

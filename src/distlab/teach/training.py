@@ -26,6 +26,21 @@ import torch
 CHAPTER = "07_two_gpu_training.ipynb"
 SCRIPT_NAME = "ddp_train.py"
 
+#: What a launcher sets in a rank's environment. The script has its own copy (to start clean under
+#: ``python ddp_train.py``); tests and ``bench/gpu_check.sh`` clear these before they start the script.
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def free_port() -> int:
+    """A port the OS reports free right now, for tests that start their own rendezvous (the script has its
+    own copy). Another program may take it before it is bound: a test's risk, not a learner's."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 # ---------------------------------------------------------------------------------------------
 # The script, taken from the chapter's %%writefile cell
 # ---------------------------------------------------------------------------------------------
