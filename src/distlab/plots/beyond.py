@@ -16,14 +16,15 @@ def _human(n: float) -> str:
     return f"{n / 1e3:.0f} kB" if n >= 1e3 else f"{n:.0f} B"
 
 
-def _draw_rank(ax, holds: dict, color: str) -> None:
-    """Each parameter a unit square in a grid (one row per block); the held part filled."""
-    names = list(holds)
+def _draw_rank(ax, names: list[str], holds: dict, color: str) -> None:
+    """Each parameter a unit square in a grid (one row per block); the part this rank holds filled."""
     per_row = 4
     for i, name in enumerate(names):
-        whole, rows, cols = holds[name]
         x0, y0 = (i % per_row) * 1.2, -(i // per_row) * 1.2
         ax.add_patch(Rectangle((x0, y0), 1, 1, fill=False, edgecolor="0.6", linewidth=0.6))
+        if name not in holds:
+            continue
+        whole, rows, cols = holds[name]
         n_rows, n_cols = whole[0], whole[1] if len(whole) > 1 else 1
         if rows[1] > rows[0] and cols[1] > cols[0]:
             ax.add_patch(Rectangle((x0 + cols[0] / n_cols, y0 + 1 - rows[1] / n_rows),
@@ -49,8 +50,9 @@ def plot_holdings(holds: dict[str, dict[int, dict]], comm: dict[str, dict[str, f
     for j, way in enumerate(ways):
         kinds = ", ".join(f"{k} {_human(n)}" for k, n in comm[way].items())
         axes[0][j].set_title(f"{way}\n{kinds}", fontsize=9)
+        names = list(dict.fromkeys(n for rank in ranks for n in holds[way][rank]))   # every parameter, in order
         for i, rank in enumerate(ranks):
-            _draw_rank(axes[i][j], holds[way][rank], COLORS.get(way, "tab:gray"))
+            _draw_rank(axes[i][j], names, holds[way][rank], COLORS.get(way, "tab:gray"))
             if j == 0:
                 axes[i][j].set_ylabel(f"rank {rank}")
     fig.tight_layout()
