@@ -84,7 +84,7 @@ def write_figure_templates(source: Path, folder: Path) -> None:
     for path in sorted((source / "book").glob("*.ipynb")):
         catalog = Catalog()
         for text in figure_strings(json.loads(path.read_text())):
-            catalog.add(text, locations=[(f"book/{path.name}", 0)])
+            catalog.add(text)
         with open(folder / f"{path.stem}.pot", "wb") as f:
             write_po(f, catalog)
 
