@@ -1,5 +1,12 @@
-"""capture: notebook code -> worker script. Pure tests, no processes."""
+"""capture: notebook code -> worker script. Pure tests, no processes.
+
+Where a promise is about the script, the test runs the script: ``run_as_rank0`` writes it with
+its data files as ``spawn`` does and runs it in this process the way ``RANK=0 python script.py``
+would, so what the workers would see is what the test sees.
+"""
+import ast
 import inspect
+import runpy
 import threading
 
 import pytest
@@ -7,11 +14,27 @@ import torch
 from article_code import DEMO_BASIC, IMPORTS, SETUP_CLEANUP, TOY_MODEL
 from fake_kernel import as_main, run_cells
 
+import distlab.worker
 from distlab import CaptureError
+from distlab.api import write_script
 from distlab.capture import capture, global_names, import_line, is_literal
 from distlab.script import render
 
 ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
+
+
+@pytest.fixture
+def run_as_rank0(tmp_path, monkeypatch):
+    """``run(fn, args)`` -> (what rank 0's fn returned, the script text)."""
+    def run(fn, args=()):
+        path = write_script(tmp_path, capture(fn, args), args, 1, "spawn", "gloo")
+        returned = {}
+        monkeypatch.setattr(distlab.worker, "_save_return", lambda rank, value: returned.setdefault(rank, value))
+        monkeypatch.setenv("RANK", "0")
+        runpy.run_path(str(path), run_name="__main__")
+        return returned[0], path.read_text()
+
+    return run
 
 
 def test_class_source_is_unavailable_to_inspect_as_in_a_kernel():
@@ -23,11 +46,11 @@ def test_class_source_is_unavailable_to_inspect_as_in_a_kernel():
 def test_article_code_is_captured_with_imports_aliases_and_dependencies():
     ns = run_cells(*ARTICLE_CELLS)
     cap = capture(ns["demo_basic"])
-    assert set(cap.imports) == {
-        "import os", "import torch", "import torch.distributed as dist", "import torch.nn as nn",
-        "import torch.optim as optim",
-        "from torch.nn.parallel.distributed import DistributedDataParallel as DDP",
-    }
+    assert cap.imports == [  # in order of first use
+        "import os", "import torch.distributed as dist", "import torch.nn as nn",
+        "from torch.nn.parallel.distributed import DistributedDataParallel as DDP", "import torch.optim as optim",
+        "import torch",
+    ]
     names = [d.split("(")[0].split()[-1] for d in cap.definitions]
     assert names == ["setup", "ToyModel", "cleanup", "demo_basic"]  # in order of first use
     assert cap.definitions[1].startswith("class ToyModel(nn.Module):")
@@ -88,12 +111,18 @@ def test_class_without_methods_is_found_in_the_input_history():
     assert capture(ns["work"]).definitions[0] == "class Config:\n    lr = 0.5\n    epochs = 2\n"
 
 
-def test_function_alias_defined_in_notebook():
-    ns = run_cells("def original(x):\n    return x\n", "alias = original\n",
+def test_function_alias_defined_in_notebook(run_as_rank0):
+    ns = run_cells("def original(x):\n    return x + 1\n", "alias = original\n",
                    "def work(rank):\n    return alias(rank)\n")
-    cap = capture(ns["work"])
-    assert "alias = original" in cap.constants
-    assert cap.definitions[0].startswith("def original")
+    assert run_as_rank0(ns["work"])[0] == 1
+
+
+def test_class_alias_is_written_after_the_class(run_as_rank0):
+    ns = run_cells("class Net:\n    def out(self):\n        return 'net'\n", "Model = Net\n",
+                   "def work(rank):\n    return Model().out()\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == "net"
+    assert text.index("class Net:") < text.index("Model = Net")
 
 
 def test_closure_is_refused_with_advice():
@@ -152,3 +181,185 @@ def test_unpicklable_argument_is_refused_before_any_process():
     ns = run_cells("def work(rank, lock):\n    return rank\n")
     with pytest.raises(CaptureError, match=r"cannot ship an argument.*neither source code nor picklable"):
         capture(ns["work"], args=(threading.Lock(),))
+
+
+# --- notebook code that must work (issue #14) -------------------------------------------------
+
+def test_names_used_only_in_annotations_are_shipped(run_as_rank0):
+    ns = run_cells(
+        "from dataclasses import dataclass\nfrom typing import List, Optional\n",
+        "class Summary:\n    def __init__(self):\n        self.total = 0\n",
+        "@dataclass\nclass Cfg:\n    sizes: List[int]\n    lr: Optional[float] = None\n",
+        "def work(rank, scale: Optional[float] = None) -> Summary:\n"
+        "    cfg = Cfg([rank, 2])\n    return (cfg.sizes, cfg.lr, scale, work.__annotations__['return'].__name__)\n",
+    )
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == ([0, 2], None, None, "Summary")
+    assert "from typing import List" in text and "from typing import Optional" in text
+
+
+def test_future_annotations_in_the_notebook_are_kept_in_the_script(run_as_rank0):
+    ns = run_cells("from __future__ import annotations\n",
+                   "class Node:\n    def join(self, other: Node) -> Node:\n        return other\n",
+                   "def work(rank):\n    return Node().join(Node()).__class__.__name__\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == "Node"
+    first_statement = ast.parse(text).body[1]  # after the docstring, where a __future__ import must be
+    assert isinstance(first_statement, ast.ImportFrom) and first_statement.module == "__future__"
+
+
+def test_torch_no_grad_decorated_function_ships_with_its_decorator(run_as_rank0):
+    ns = run_cells("import torch\n",
+                   "@torch.no_grad()\ndef work(rank):\n    w = torch.ones(2, requires_grad=True)\n"
+                   "    return (w * 2).requires_grad\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned is False
+    assert "@torch.no_grad()\ndef work(rank):" in text
+
+
+def test_wraps_decorator_and_what_it_references_are_shipped(run_as_rank0):
+    ns = run_cells(
+        "import functools\nCALLS = []\n",
+        "def logged(f):\n    @functools.wraps(f)\n    def wrapper(*a, **k):\n"
+        "        return ('logged', f(*a, **k))\n    return wrapper\n",
+        "@logged\ndef helper(x):\n    return x * 10\n",
+        "@logged\ndef work(rank):\n    return helper(rank + 1)\n",
+    )
+    returned, _ = run_as_rank0(ns["work"])
+    assert returned == ("logged", ("logged", 10))
+
+
+def test_lru_cache_helper_is_shipped_as_its_source(run_as_rank0, monkeypatch):
+    ns = run_cells("import functools\n", "@functools.lru_cache(maxsize=None)\ndef table(n):\n    return n * 2\n",
+                   "def work(rank):\n    return table(21), table.cache_info().misses\n")
+    as_main(monkeypatch, ns)
+    assert run_as_rank0(ns["work"])[0] == (42, 1)
+
+
+def test_wrapper_applied_outside_the_def_is_refused():
+    ns = run_cells("import functools\n",
+                   "def logged(f):\n    @functools.wraps(f)\n    def wrapper(*a):\n        return f(*a)\n"
+                   "    return wrapper\n",
+                   "def work(rank):\n    return rank\n", "work = logged(work)\n")
+    with pytest.raises(CaptureError, match=r"wrapped 1 time\(s\) but its source has 0 decorator line"):
+        capture(ns["work"])
+
+
+def test_decorator_without_wraps_is_refused_with_advice():
+    ns = run_cells("def plain(f):\n    def inner(*a):\n        return f(*a)\n    return inner\n",
+                   "@plain\ndef work(rank):\n    return rank\n")
+    with pytest.raises(CaptureError, match="closure over f.*must use functools.wraps"):
+        capture(ns["work"])
+
+
+@pytest.mark.parametrize("decorator", ["@dataclass", "@dataclass(\n    frozen=True,\n)"])
+def test_dataclass_keeps_its_decorator(run_as_rank0, decorator):
+    ns = run_cells("from dataclasses import dataclass, field\n",
+                   f"{decorator}\nclass Cfg:\n    lr: float = 0.5\n    tags: list = field(default_factory=list)\n\n"
+                   "    def doubled(self):\n        return self.lr * 2\n",
+                   "def work(rank):\n    cfg = Cfg(lr=0.25)\n    return cfg.doubled(), cfg.tags\n")
+    assert run_as_rank0(ns["work"])[0] == (0.5, [])
+
+
+def test_dataclass_without_methods_keeps_its_decorator(run_as_rank0):
+    ns = run_cells("import dataclasses\n", "@dataclasses.dataclass\nclass Cfg:\n    lr: float = 0.5\n",
+                   "def work(rank):\n    return Cfg(lr=0.1).lr\n")
+    assert run_as_rank0(ns["work"])[0] == 0.1
+
+
+def test_partial_with_literal_arguments_is_the_entry(run_as_rank0):
+    import functools
+
+    ns = run_cells("def work(rank, world, scale=1):\n    return (rank, world, scale)\n")
+    returned, text = run_as_rank0(functools.partial(ns["work"], scale=3), args=(2,))
+    assert returned == (0, 2, 3)
+    assert "work_partial = functools.partial(work, scale=3)" in text
+
+
+def test_partial_with_tensor_arguments_travels_as_data(run_as_rank0, tmp_path):
+    import functools
+
+    ns = run_cells("def work(rank, weights, bias=0):\n    return (weights * rank + bias).tolist()\n")
+    fn = functools.partial(ns["work"], torch.arange(3.0), bias=torch.tensor(1.0))
+    assert run_as_rank0(fn)[0] == [1.0, 1.0, 1.0]
+    assert (tmp_path / "values.pt").exists()
+
+
+# --- classes changed after their cell ran ------------------------------------------------------
+
+def test_class_attribute_changed_later_is_shipped_as_it_is_now(run_as_rank0):
+    ns = run_cells("class Cfg:\n    lr = 0.5\n    epochs = 2\n    def rate(self):\n        return self.lr\n",
+                   "Cfg.lr = 0.1\nCfg.extra = 'new'\n",
+                   "def work(rank):\n    return Cfg().rate(), Cfg.epochs, Cfg.extra\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == (0.1, 2, "new")
+    assert "Cfg.lr = 0.1\nCfg.extra = 'new'" in text
+
+
+def test_class_without_methods_changed_later_is_shipped_as_it_is_now(run_as_rank0):
+    ns = run_cells("class Cfg:\n    lr = 0.5\n", "Cfg.lr = 0.1\n", "def work(rank):\n    return Cfg.lr\n")
+    assert run_as_rank0(ns["work"])[0] == 0.1
+
+
+def test_method_replaced_later_is_shipped_as_it_is_now(run_as_rank0):
+    ns = run_cells("class Net:\n    def forward(self, x):\n        return x\n    def name(self):\n        return 'n'\n",
+                   "def fast_forward(self, x):\n    return x * 10\n",
+                   "Net.forward = fast_forward\ndel Net.name\n",
+                   "def work(rank):\n    return Net().forward(3), hasattr(Net, 'name')\n")
+    assert run_as_rank0(ns["work"])[0] == (30, False)
+
+
+def test_class_changed_to_something_not_source_is_refused():
+    ns = run_cells("import torch\n", "class Net:\n    def forward(self, x):\n        return x\n",
+                   "Net.table = torch.ones(2)\n", "def work(rank):\n    return Net.table\n")
+    with pytest.raises(CaptureError, match=r"class 'Net'.*Net.table was added after the class was defined "
+                                           r"\(it is now a Tensor\).*Make the change inside the class body"):
+        capture(ns["work"])
+
+
+def test_class_defined_in_an_if_is_the_branch_that_ran(run_as_rank0):
+    ns = run_cells("class Cfg:\n    lr = 0.5\n",
+                   "FAST = True\nif FAST:\n    class Cfg:\n        lr = 1.0\nelse:\n    class Cfg:\n        lr = 0.1\n",
+                   "def work(rank):\n    return Cfg.lr\n")
+    assert run_as_rank0(ns["work"])[0] == 1.0
+
+
+def test_class_with_methods_defined_in_an_if_is_the_branch_that_ran(run_as_rank0):
+    ns = run_cells("FAST = False\nif FAST:\n    class Net:\n        def speed(self):\n            return 'fast'\n"
+                   "else:\n    class Net:\n        def speed(self):\n            return 'slow'\n",
+                   "def work(rank):\n    return Net().speed()\n")
+    assert run_as_rank0(ns["work"])[0] == "slow"
+
+
+def test_class_branches_that_cannot_be_told_apart_are_refused():
+    ns = run_cells("import math\n", "if True:\n    class Cfg:\n        lr = math.sqrt(4)\n"
+                   "else:\n    class Cfg:\n        lr = math.sqrt(9)\n",
+                   "def work(rank):\n    return Cfg.lr\n")
+    with pytest.raises(CaptureError, match="class 'Cfg'.*defined more than once in one cell.*cannot tell which"):
+        capture(ns["work"])
+
+
+# --- tensors travel as data, and only their elements -------------------------------------------
+
+def test_tensor_arguments_are_written_to_args_pt(run_as_rank0, tmp_path):
+    ns = run_cells("def work(rank, t):\n    return t.sum().item()\n")
+    returned, text = run_as_rank0(ns["work"], args=(torch.arange(4.0),))
+    assert returned == 6.0
+    assert 'args=_distlab.load_data(__file__, "args")' in text and (tmp_path / "args.pt").exists()
+
+
+def test_a_small_view_of_a_large_tensor_ships_only_its_elements(run_as_rank0, tmp_path):
+    big = torch.arange(1_000_000.0)  # 4 MB of storage
+    ns = run_cells("def work(rank, a, nested):\n"
+                   "    return a.tolist(), nested['v'][0].tolist(), nested['w'].sum().item()\n")
+    args = (big[:4], {"v": [big[5:7]], "w": big[:3]})
+    assert run_as_rank0(ns["work"], args=args)[0] == ([0.0, 1.0, 2.0, 3.0], [5.0, 6.0], 3.0)
+    assert (tmp_path / "args.pt").stat().st_size < 20_000
+    assert args[0].untyped_storage().nbytes() == 4_000_000  # the caller's tensors are left alone
+
+
+def test_a_global_view_ships_only_its_elements(run_as_rank0, tmp_path):
+    ns = run_cells("import torch\nBIG = torch.zeros(1_000_000)\nSMALL = BIG[:4]\n",
+                   "def work(rank):\n    return SMALL.shape[0]\n")
+    assert run_as_rank0(ns["work"])[0] == 4
+    assert (tmp_path / "values.pt").stat().st_size < 20_000

@@ -71,7 +71,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     timeout = config.check_timeout(timeout)
     config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
-    run_dir = engine.new_run_dir(fn.__name__)
+    run_dir = engine.new_run_dir(captured.entry)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
                        max_restarts=max_restarts, script=path)
@@ -90,7 +90,7 @@ def write_script(run_dir: Path, captured, args: tuple, nprocs: int, style: str, 
     if captured.values:
         torch.save(captured.values, run_dir / "values.pt")
     if script.needs_args_file(args):
-        torch.save(args, run_dir / "args.pt")
+        torch.save(capture.compact(args), run_dir / "args.pt")
     return path
 
 

@@ -5,6 +5,7 @@ bad arguments fail before any worker exists.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
 
@@ -46,9 +47,14 @@ def check_positive_int(name: str, value) -> int:
 
 
 def check_function(fn) -> None:
-    """Workers re-create `fn` from source, so it must be a plain top-level Python function."""
+    """Workers re-create `fn` from source, so it must be a plain top-level Python function,
+    possibly decorated (with ``functools.wraps``) or bound with ``functools.partial``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     if inspect.ismethod(fn):
         raise LaunchArgumentError("fn", fn, "is a bound method", "Pass a top-level function instead.")
+    if hasattr(fn, "__wrapped__"):
+        fn = inspect.unwrap(fn)
     if not inspect.isfunction(fn):
         raise LaunchArgumentError(
             "fn", fn, f"must be a Python function, not {type(fn).__name__}",
