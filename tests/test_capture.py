@@ -14,9 +14,9 @@ import torch
 from article_code import DEMO_BASIC, IMPORTS, SETUP_CLEANUP, TOY_MODEL
 from fake_kernel import as_main, run_cells
 
+import distlab
 import distlab.worker
-from distlab import CaptureError
-from distlab.api import write_script
+from distlab import CaptureError, engine
 from distlab.capture import capture, global_names, import_line, is_literal
 from distlab.script import render
 
@@ -25,16 +25,31 @@ ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
 
 @pytest.fixture
 def run_as_rank0(tmp_path, monkeypatch):
-    """``run(fn, args)`` -> (what rank 0's fn returned, the script text)."""
-    def run(fn, args=()):
-        path = write_script(tmp_path, capture(fn, args), args, 1, "spawn", "gloo")
-        returned = {}
-        monkeypatch.setattr(distlab.worker, "_save_return", lambda rank, value: returned.setdefault(rank, value))
+    """``run(fn, args)`` -> (what rank 0's fn returned, the script text): through ``distlab.spawn``."""
+    monkeypatch.setenv("DISTLAB_RUNS", str(tmp_path / "runs"))
+    returned = {}
+    monkeypatch.setattr(distlab.worker, "_save_return", lambda rank, value: returned.setdefault(rank, value))
+
+    def execute(plan, view, **kwargs):  # instead of starting processes: be rank 0, in this process
         monkeypatch.setenv("RANK", "0")
-        runpy.run_path(str(path), run_name="__main__")
-        return returned[0], path.read_text()
+        runpy.run_path(str(plan.script), run_name="__main__")
+        monkeypatch.delenv("RANK")
+        return plan.script
+
+    monkeypatch.setattr(engine, "execute", execute)
+
+    def run(fn, args=()):
+        returned.clear()
+        script = distlab.spawn(fn, args=args, nprocs=1, view=None)
+        return returned[0], script.read_text()
 
     return run
+
+
+def _data_file(tmp_path, name):
+    """The one ``<name>.pt`` the last run wrote."""
+    (path,) = (tmp_path / "runs").rglob(f"{name}.pt")
+    return path
 
 
 def test_class_source_is_unavailable_to_inspect_as_in_a_kernel():
@@ -282,7 +297,7 @@ def test_partial_with_tensor_arguments_travels_as_data(run_as_rank0, tmp_path):
     ns = run_cells("def work(rank, weights, bias=0):\n    return (weights * rank + bias).tolist()\n")
     fn = functools.partial(ns["work"], torch.arange(3.0), bias=torch.tensor(1.0))
     assert run_as_rank0(fn)[0] == [1.0, 1.0, 1.0]
-    assert (tmp_path / "values.pt").exists()
+    assert _data_file(tmp_path, "values").exists()
 
 
 # --- classes changed after their cell ran ------------------------------------------------------
@@ -345,7 +360,7 @@ def test_tensor_arguments_are_written_to_args_pt(run_as_rank0, tmp_path):
     ns = run_cells("def work(rank, t):\n    return t.sum().item()\n")
     returned, text = run_as_rank0(ns["work"], args=(torch.arange(4.0),))
     assert returned == 6.0
-    assert 'args=_distlab.load_data(__file__, "args")' in text and (tmp_path / "args.pt").exists()
+    assert 'args=_distlab.load_data(__file__, "args")' in text and _data_file(tmp_path, "args").exists()
 
 
 def test_a_small_view_of_a_large_tensor_ships_only_its_elements(run_as_rank0, tmp_path):
@@ -354,7 +369,7 @@ def test_a_small_view_of_a_large_tensor_ships_only_its_elements(run_as_rank0, tm
                    "    return a.tolist(), nested['v'][0].tolist(), nested['w'].sum().item()\n")
     args = (big[:4], {"v": [big[5:7]], "w": big[:3]})
     assert run_as_rank0(ns["work"], args=args)[0] == ([0.0, 1.0, 2.0, 3.0], [5.0, 6.0], 3.0)
-    assert (tmp_path / "args.pt").stat().st_size < 20_000
+    assert _data_file(tmp_path, "args").stat().st_size < 20_000
     assert args[0].untyped_storage().nbytes() == 4_000_000  # the caller's tensors are left alone
 
 
@@ -362,4 +377,4 @@ def test_a_global_view_ships_only_its_elements(run_as_rank0, tmp_path):
     ns = run_cells("import torch\nBIG = torch.zeros(1_000_000)\nSMALL = BIG[:4]\n",
                    "def work(rank):\n    return SMALL.shape[0]\n")
     assert run_as_rank0(ns["work"])[0] == 4
-    assert (tmp_path / "values.pt").stat().st_size < 20_000
+    assert _data_file(tmp_path, "values").stat().st_size < 20_000

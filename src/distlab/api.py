@@ -74,6 +74,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
     config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
+    args = capture.compact(args)  # a small view of a large tensor travels as its own elements
     run_dir = engine.new_run_dir(captured.entry)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
@@ -93,7 +94,7 @@ def write_script(run_dir: Path, captured, args: tuple, nprocs: int, style: str, 
     if captured.values:
         torch.save(captured.values, run_dir / "values.pt")
     if script.needs_args_file(args):
-        torch.save(capture.compact(args), run_dir / "args.pt")
+        torch.save(args, run_dir / "args.pt")
     return path
 
 
