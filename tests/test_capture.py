@@ -1,12 +1,9 @@
 """capture: notebook code -> worker script. Pure tests, no processes.
 
-Where a promise is about the script, the test runs the script: ``run_as_rank0`` writes it with
-its data files as ``spawn`` does and runs it in this process the way ``RANK=0 python script.py``
-would, so what the workers would see is what the test sees.
+Where a promise is about the script, the test runs the script (the ``run_as_rank0`` fixture).
 """
 import ast
 import inspect
-import runpy
 import threading
 
 import pytest
@@ -14,36 +11,11 @@ import torch
 from article_code import DEMO_BASIC, IMPORTS, SETUP_CLEANUP, TOY_MODEL
 from fake_kernel import as_main, run_cells
 
-import distlab
-import distlab.worker
-from distlab import CaptureError, engine
+from distlab import CaptureError
 from distlab.capture import capture, global_names, import_line, is_literal
 from distlab.script import render
 
 ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
-
-
-@pytest.fixture
-def run_as_rank0(tmp_path, monkeypatch):
-    """``run(fn, args)`` -> (what rank 0's fn returned, the script text): through ``distlab.spawn``."""
-    monkeypatch.setenv("DISTLAB_RUNS", str(tmp_path / "runs"))
-    returned = {}
-    monkeypatch.setattr(distlab.worker, "_save_return", lambda rank, value: returned.setdefault(rank, value))
-
-    def execute(plan, view, **kwargs):  # instead of starting processes: be rank 0, in this process
-        monkeypatch.setenv("RANK", "0")
-        runpy.run_path(str(plan.script), run_name="__main__")
-        monkeypatch.delenv("RANK")
-        return plan.script
-
-    monkeypatch.setattr(engine, "execute", execute)
-
-    def run(fn, args=()):
-        returned.clear()
-        script = distlab.spawn(fn, args=args, nprocs=1, view=None)
-        return returned[0], script.read_text()
-
-    return run
 
 
 def _data_file(tmp_path, name):
@@ -170,6 +142,7 @@ def test_global_names_ignores_locals_attributes_and_builtins():
     ("torch.nn.parallel.distributed", "DistributedDataParallel", "DDP",
      "from torch.nn.parallel.distributed import DistributedDataParallel as DDP"),
     ("math", "sqrt", "sqrt", "from math import sqrt"),
+    ("datetime", "datetime.now", "now", "from datetime import datetime; now = datetime.now"),
 ])
 def test_import_line(module, qualname, name, line):
     assert import_line(module, qualname, name) == line
@@ -291,6 +264,32 @@ def test_partial_with_literal_arguments_is_the_entry(run_as_rank0):
     assert "work_partial = functools.partial(work, scale=3)" in text
 
 
+def test_partial_with_positional_literal_arguments(run_as_rank0):
+    import functools
+
+    ns = run_cells("def work(offset, rank, scale=1):\n    return (offset + rank) * scale\n")
+    returned, text = run_as_rank0(functools.partial(ns["work"], 10, scale=2))
+    assert returned == 20 and "work_partial = functools.partial(work, 10, scale=2)" in text
+
+
+def test_partial_binding_an_instance_of_a_notebook_class(run_as_rank0, monkeypatch):
+    import functools
+
+    ns = run_cells("class Cfg:\n    def __init__(self):\n        self.lr = 0.5\n",
+                   "def work(rank, cfg):\n    return cfg.lr\n")
+    as_main(monkeypatch, ns)
+    assert run_as_rank0(functools.partial(ns["work"], cfg=ns["Cfg"]()))[0] == 0.5
+
+
+def test_partial_binding_something_unpicklable_is_refused_by_name():
+    import functools
+
+    ns = run_cells("def work(rank, lock):\n    return rank\n")
+    with pytest.raises(CaptureError, match=r"cannot ship the arguments functools.partial binds to 'work' to the "
+                                           r"worker processes: it is neither source code nor picklable"):
+        capture(functools.partial(ns["work"], lock=threading.Lock()))
+
+
 def test_partial_with_tensor_arguments_travels_as_data(run_as_rank0, tmp_path):
     import functools
 
@@ -298,60 +297,6 @@ def test_partial_with_tensor_arguments_travels_as_data(run_as_rank0, tmp_path):
     fn = functools.partial(ns["work"], torch.arange(3.0), bias=torch.tensor(1.0))
     assert run_as_rank0(fn)[0] == [1.0, 1.0, 1.0]
     assert _data_file(tmp_path, "values").exists()
-
-
-# --- classes changed after their cell ran ------------------------------------------------------
-
-def test_class_attribute_changed_later_is_shipped_as_it_is_now(run_as_rank0):
-    ns = run_cells("class Cfg:\n    lr = 0.5\n    epochs = 2\n    def rate(self):\n        return self.lr\n",
-                   "Cfg.lr = 0.1\nCfg.extra = 'new'\n",
-                   "def work(rank):\n    return Cfg().rate(), Cfg.epochs, Cfg.extra\n")
-    returned, text = run_as_rank0(ns["work"])
-    assert returned == (0.1, 2, "new")
-    assert "Cfg.lr = 0.1\nCfg.extra = 'new'" in text
-
-
-def test_class_without_methods_changed_later_is_shipped_as_it_is_now(run_as_rank0):
-    ns = run_cells("class Cfg:\n    lr = 0.5\n", "Cfg.lr = 0.1\n", "def work(rank):\n    return Cfg.lr\n")
-    assert run_as_rank0(ns["work"])[0] == 0.1
-
-
-def test_method_replaced_later_is_shipped_as_it_is_now(run_as_rank0):
-    ns = run_cells("class Net:\n    def forward(self, x):\n        return x\n    def name(self):\n        return 'n'\n",
-                   "def fast_forward(self, x):\n    return x * 10\n",
-                   "Net.forward = fast_forward\ndel Net.name\n",
-                   "def work(rank):\n    return Net().forward(3), hasattr(Net, 'name')\n")
-    assert run_as_rank0(ns["work"])[0] == (30, False)
-
-
-def test_class_changed_to_something_not_source_is_refused():
-    ns = run_cells("import torch\n", "class Net:\n    def forward(self, x):\n        return x\n",
-                   "Net.table = torch.ones(2)\n", "def work(rank):\n    return Net.table\n")
-    with pytest.raises(CaptureError, match=r"class 'Net'.*Net.table was added after the class was defined "
-                                           r"\(it is now a Tensor\).*Make the change inside the class body"):
-        capture(ns["work"])
-
-
-def test_class_defined_in_an_if_is_the_branch_that_ran(run_as_rank0):
-    ns = run_cells("class Cfg:\n    lr = 0.5\n",
-                   "FAST = True\nif FAST:\n    class Cfg:\n        lr = 1.0\nelse:\n    class Cfg:\n        lr = 0.1\n",
-                   "def work(rank):\n    return Cfg.lr\n")
-    assert run_as_rank0(ns["work"])[0] == 1.0
-
-
-def test_class_with_methods_defined_in_an_if_is_the_branch_that_ran(run_as_rank0):
-    ns = run_cells("FAST = False\nif FAST:\n    class Net:\n        def speed(self):\n            return 'fast'\n"
-                   "else:\n    class Net:\n        def speed(self):\n            return 'slow'\n",
-                   "def work(rank):\n    return Net().speed()\n")
-    assert run_as_rank0(ns["work"])[0] == "slow"
-
-
-def test_class_branches_that_cannot_be_told_apart_are_refused():
-    ns = run_cells("import math\n", "if True:\n    class Cfg:\n        lr = math.sqrt(4)\n"
-                   "else:\n    class Cfg:\n        lr = math.sqrt(9)\n",
-                   "def work(rank):\n    return Cfg.lr\n")
-    with pytest.raises(CaptureError, match="class 'Cfg'.*defined more than once in one cell.*cannot tell which"):
-        capture(ns["work"])
 
 
 # --- tensors travel as data, and only their elements -------------------------------------------

@@ -176,6 +176,18 @@ def test_rdzv_endpoint_shapes(endpoint, nnodes):
     assert check_rdzv_endpoint(endpoint, nnodes) == endpoint
 
 
+def test_bad_rdzv_endpoint_word_for_word():
+    with pytest.raises(LaunchArgumentError) as e:
+        check_rdzv_endpoint("host:0", 2)
+    assert str(e.value) == ("distlab: invalid argument rdzv_endpoint='host:0': must be HOST or HOST:PORT with a port "
+                            "from 1 to 65535. For example \"10.0.0.1:29400\" (node 0's address).")
+    assert e.value.name == "rdzv_endpoint"
+    with pytest.raises(LaunchArgumentError) as e:
+        check_rdzv_endpoint(29400, 2)
+    assert str(e.value) == ("distlab: invalid argument rdzv_endpoint=29400: must be a string, not int. "
+                            "For example \"10.0.0.1:29400\".")
+
+
 @pytest.mark.parametrize("endpoint,problem", [
     ("", r"rdzv_endpoint='': is needed when nnodes > 1. For example \"127.0.0.1:29400\"."),
     ("host:0", "must be HOST or HOST:PORT with a port from 1 to 65535"),
@@ -193,8 +205,27 @@ def test_bad_rdzv_endpoint(endpoint, problem):
 def test_script_args_become_command_line_words():
     from pathlib import Path
 
-    assert check_script_args(["--epochs", 2, 0.5, Path("data")]) == ["--epochs", "2", "0.5", "data"]
+    class Dataset:  # a path-like object whose str() is not its path
+        def __fspath__(self):
+            return "data/train"
+
+        def __str__(self):
+            return "<Dataset>"
+
+    assert check_script_args(["--epochs", 2, 0.5, Path("data"), Dataset()]) == [
+        "--epochs", "2", "0.5", "data", "data/train"]
     assert check_script_args(()) == []
+
+
+def test_bad_script_args_word_for_word():
+    with pytest.raises(LaunchArgumentError) as e:
+        check_script_args("--epochs 2")
+    assert str(e.value) == ("distlab: invalid argument args='--epochs 2': must be a list of command-line arguments, "
+                            "not str. For example args=[\"--epochs\", 2].")
+    with pytest.raises(LaunchArgumentError) as e:
+        check_script_args(["--fast", None])
+    assert str(e.value) == ("distlab: invalid argument args=['--fast', None]: None is not a string, number or path. "
+                            "Each item becomes one command-line word.")
 
 
 @pytest.mark.parametrize("bad,problem", [
@@ -206,3 +237,16 @@ def test_script_args_become_command_line_words():
 def test_bad_script_args(bad, problem):
     with pytest.raises(LaunchArgumentError, match=problem):
         check_script_args(bad)
+
+
+def test_cuda_device_count_is_zero_without_cuda_and_never_asks_for_devices(monkeypatch):
+    import torch
+
+    from distlab.config import cuda_device_count
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("asked for devices without CUDA"))
+    assert cuda_device_count() == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert cuda_device_count() == 3

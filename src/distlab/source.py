@@ -130,14 +130,10 @@ def _around_methods(cls) -> list[Candidate]:
             continue
         code = func.__code__
         lines = linecache.getlines(code.co_filename)
-        tree = _parse("".join(lines))
-        if tree is None:
-            continue
-        around = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__
-                  and _first_line(n) <= code.co_firstlineno <= n.end_lineno]
-        if around:
-            node = max(around, key=_first_line)  # the innermost one
-            return [_candidate(lines, node, file=code.co_filename)]
+        around = [n for n in _nodes("".join(lines), ast.ClassDef, cls.__name__)
+                  if _first_line(n) <= code.co_firstlineno <= n.end_lineno]
+        if around:  # the last one is the innermost (ast.walk goes level by level)
+            return [_candidate(lines, around[-1], file=code.co_filename)]
     return []
 
 
@@ -147,34 +143,34 @@ def _from_inspect(cls) -> list[Candidate]:
         text = _dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return []
-    tree = _parse(text)
-    if tree is None or not tree.body or not isinstance(tree.body[0], ast.ClassDef):
-        return []
-    return [Candidate(text, tree.body[0], cell=1 << 30)]
+    nodes = _nodes(text, ast.ClassDef, cls.__name__)
+    return [Candidate(text, nodes[0])] if nodes else []
 
 
-def _history_nodes(name: str, ns: dict, kinds) -> list[Candidate]:
-    """Every definition of ``name`` in the kernel's inputs (``In``), at any depth, newest first."""
+def _history_nodes(name: str, ns: dict, kind) -> list[Candidate]:
+    """Every definition of ``name`` in the kernel's inputs (``In``), at any depth, newest cell first."""
     found = []
-    cells = ns.get("In", []) or []
-    for index in range(len(cells) - 1, -1, -1):
-        tree = _parse(cells[index])
-        if tree is None:
-            continue
-        nodes = [n for n in ast.walk(tree) if isinstance(n, kinds) and n.name == name]
-        lines = cells[index].splitlines(True)
-        found += [_candidate(lines, n, cell=index) for n in sorted(nodes, key=_first_line, reverse=True)]
+    for index, cell in reversed(list(enumerate(ns.get("In") or []))):
+        lines = cell.splitlines(True)
+        found += [_candidate(lines, node, cell=index) for node in _nodes(cell, kind, name)]
     return found
 
 
-def _candidate(lines: list[str], node, file: str | None = None, cell: int = 0) -> Candidate:
+def _nodes(text: str, kind, name: str) -> list:
+    """Definitions of ``name`` (of type ``kind``) anywhere in ``text``; none when it does not parse."""
+    tree = _parse(text)
+    return [n for n in ast.walk(tree) if isinstance(n, kind) and n.name == name] if tree else []
+
+
+def _candidate(lines: list[str], node, **where) -> Candidate:
+    """The definition ``node`` as text, decorators included; ``where``: its file or input cell."""
     first = _first_line(node)
     text = _dedent("".join(lines[first - 1:node.end_lineno]))
     tree = _parse(text)
     if tree is None:  # dedent could not remove the indentation (a string literal at column 0)
         text = ast.unparse(node) + "\n"
         tree = ast.parse(text)
-    return Candidate(text, tree.body[0], file=file, span=(first, node.end_lineno), cell=cell)
+    return Candidate(text, tree.body[0], span=(first, node.end_lineno), **where)
 
 
 def _first_line(node) -> int:
