@@ -3,6 +3,7 @@
 Where a promise is about the script, the test runs the script (the ``run_as_rank0`` fixture).
 """
 import ast
+import collections
 import inspect
 import threading
 
@@ -16,6 +17,7 @@ from distlab.capture import capture, global_names, import_line, is_literal
 from distlab.script import render
 
 ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
+Pair = collections.namedtuple("Pair", "first second")  # importable: pickled by reference
 
 
 def _data_file(tmp_path, name):
@@ -323,3 +325,17 @@ def test_a_global_view_ships_only_its_elements(run_as_rank0, tmp_path):
                    "def work(rank):\n    return SMALL.shape[0]\n")
     assert run_as_rank0(ns["work"])[0] == 4
     assert _data_file(tmp_path, "values").stat().st_size < 20_000
+
+
+def test_a_view_passed_twice_arrives_as_one_tensor(run_as_rank0):
+    big = torch.arange(100_000.0)
+    view = big[:3]
+    ns = run_cells("def work(rank, a, more):\n    return a is more['again'][0], a is more['twice'], a.tolist()\n")
+    assert run_as_rank0(ns["work"], args=(view, {"again": [view], "twice": view}))[0] == (True, True, [0.0, 1.0, 2.0])
+
+
+def test_a_namedtuple_argument_keeps_its_type_and_ships_only_its_elements(run_as_rank0, tmp_path):
+    big = torch.arange(1_000_000.0)
+    ns = run_cells("def work(rank, pair):\n    return type(pair).__name__, pair.first.tolist(), pair.second\n")
+    assert run_as_rank0(ns["work"], args=(Pair(big[2:4], "label"),))[0] == ("Pair", [2.0, 3.0], "label")
+    assert _data_file(tmp_path, "args").stat().st_size < 20_000

@@ -268,7 +268,8 @@ def compact(value, _memo: dict | None = None):
     """``value`` with every tensor view that is smaller than its storage replaced by a copy.
 
     ``torch.save`` writes a tensor's whole storage: a 4-element view of a large tensor would
-    write all of it. Tuples, lists and dicts are searched; other objects are kept as they are.
+    write all of it. Tuples (namedtuples too), lists and dicts are searched; other objects are
+    kept as they are. A tensor passed twice stays one tensor (``_memo``: id -> its copy).
     """
     torch = sys.modules.get("torch")
     if torch is None:
