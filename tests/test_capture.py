@@ -52,7 +52,7 @@ def test_rendered_script_compiles_and_defines_everything():
     text = render(capture(ns["demo_basic"]), args=(2,), nprocs=2, style="spawn", backend="auto", filename="d.py")
     compile(text, "d.py", "exec")
     assert "_distlab.main(demo_basic, args=(2,), nprocs=2, style='spawn', backend='auto')" in text
-    assert "torchrun --nproc-per-node 2 d.py" in text
+    assert "torchrun --standalone --nproc-per-node 2 d.py" in text
     scope = {"__name__": "not_main"}
     exec(text, scope)  # defines everything without running the entry point
     assert scope["ToyModel"]()(torch.randn(3, 10)).shape == (3, 5)

@@ -7,7 +7,7 @@ HEADER = '''"""Worker script written by distlab for `{entry}` ({nprocs} ranks, {
 
 Run it yourself, outside the notebook:
     python {filename}                          # starts {nprocs} ranks with torch.multiprocessing.spawn
-    torchrun --nproc-per-node {nprocs} {filename}
+    torchrun --standalone --nproc-per-node {nprocs} {filename}
 """
 '''
 
