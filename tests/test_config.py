@@ -250,3 +250,25 @@ def test_cuda_device_count_is_zero_without_cuda_and_never_asks_for_devices(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     assert cuda_device_count() == 3
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: check_view("txt"),
+     "view='txt': unknown view; choose one of ('auto', 'text', 'widgets', 'none', None). Or pass an object with "
+     "line(rank, text), metric(rank, row) and close()."),
+    (lambda: check_view(3),
+     "view=3: has no line(), metric(), close() method. A view object needs line(rank, text), metric(rank, row) "
+     "and close()."),
+    (lambda: check_node_rank(2, 2), "node_rank=2: must be below nnodes=2. Number the machines 0 to nnodes - 1, "
+                                    "one number each."),
+    (lambda: check_node_rank(-1, 2), "node_rank=-1: must be a non-negative integer. For example node_rank=0 on the "
+                                     "first machine."),
+    (lambda: check_timeout(-2), "timeout=-2: must be a positive number of seconds or None."),
+    (lambda: check_backend("mpi", 2, 0), "backend='mpi': unknown backend; choose one of ('auto', 'gloo', 'nccl')."),
+    (lambda: check_function("demo"), "fn='demo': must be a Python function, not str. Define it with `def` in a cell "
+                                     "or a module."),
+])
+def test_argument_errors_word_for_word(call, message):
+    with pytest.raises(LaunchArgumentError) as e:
+        call()
+    assert str(e.value) == "distlab: invalid argument " + message
