@@ -103,9 +103,23 @@ def report(found: dict[str, str]) -> float:
     return score
 
 
+def mutmut_config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+
+
 def configured_modules() -> list[str]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
-    return [m for m in config["only_mutate"] if (ROOT / m).exists()]
+    return [m for m in mutmut_config()["only_mutate"] if (ROOT / m).exists()]
+
+
+def unselected_tests() -> list[str]:
+    """Fast test files that import a mutated module but are not in the selection (a gap in the score).
+    The chapters' helper tests (test_teach_*) only borrow RunResult to fake a run."""
+    selected = set(mutmut_config()["pytest_add_cli_args_test_selection"])
+    names = "|".join(Path(m).stem for m in configured_modules())
+    uses = re.compile(rf"distlab\.({names})\b|from distlab import [^\n]*\b({names})\b")
+    return [f"tests/{p.name}" for p in sorted((ROOT / "tests").glob("test_*.py")) if not p.name.startswith("test_teach")
+            if f"tests/{p.name}" not in selected and uses.search(p.read_text())
+            and "pytestmark = pytest.mark.slow" not in p.read_text()]
 
 
 def main() -> None:
@@ -114,6 +128,8 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="only score the last run")
     parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     options = parser.parse_args()
+    for path in unselected_tests():
+        print(f"mutation.py: {path} tests a mutated module but is not selected in [tool.mutmut]")
     if not options.report_only:
         if not options.keep:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
