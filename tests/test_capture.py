@@ -294,7 +294,7 @@ def test_partial_with_positional_literal_arguments(run_as_rank0):
 def test_partial_binding_an_instance_of_a_notebook_class(run_as_rank0, monkeypatch):
     import functools
 
-    ns = run_cells("class Cfg:\n    def __init__(self):\n        self.lr = 0.5\n",
+    ns = run_cells("DEFAULT_LR = 0.5\nclass Cfg:\n    def __init__(self):\n        self.lr = DEFAULT_LR\n",
                    "def work(rank, cfg):\n    return cfg.lr\n")
     as_main(monkeypatch, ns)
     assert run_as_rank0(functools.partial(ns["work"], cfg=ns["Cfg"]()))[0] == 0.5
@@ -356,3 +356,34 @@ def test_a_namedtuple_argument_keeps_its_type_and_ships_only_its_elements(run_as
     ns = run_cells("def work(rank, pair):\n    return type(pair).__name__, pair.first.tolist(), pair.second\n")
     assert run_as_rank0(ns["work"], args=(Pair(big[2:4], "label"),))[0] == ("Pair", [2.0, 3.0], "label")
     assert _data_file(tmp_path, "args").stat().st_size < 20_000
+
+
+def test_tensors_that_share_storage_still_share_it_on_the_worker(run_as_rank0):
+    whole = torch.zeros(4)
+    ns = run_cells("def work(rank, a, b):\n    a.add_(1)\n    return b.sum().item()\n")
+    assert run_as_rank0(ns["work"], args=(whole, whole.view(2, 2)))[0] == 4.0
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_parameter_viewing_a_large_tensor_ships_as_a_small_parameter(run_as_rank0, tmp_path, requires_grad):
+    big = torch.arange(1_000_000.0)
+    ns = run_cells("def work(rank, p):\n    return type(p).__name__, p.requires_grad, p.tolist()\n")
+    param = torch.nn.Parameter(big[:2], requires_grad=requires_grad)
+    assert run_as_rank0(ns["work"], args=(param,))[0] == ("Parameter", requires_grad, [0.0, 1.0])
+    assert _data_file(tmp_path, "args").stat().st_size < 20_000
+
+
+def test_a_method_of_a_library_class_is_imported(run_as_rank0):
+    ns = run_cells("import torch\nlinear_forward = torch.nn.Linear.forward\n",
+                   "def work(rank):\n    layer = torch.nn.Linear(2, 1)\n"
+                   "    return linear_forward(layer, torch.ones(1, 2)).shape\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == (1, 1)
+    assert "from torch.nn.modules.linear import Linear; linear_forward = Linear.forward" in text
+
+
+def test_a_bound_method_global_travels_with_its_object(run_as_rank0):
+    ns = run_cells("import fractions\nlimit = fractions.Fraction(10, 30).limit_denominator\n",
+                   "def work(rank):\n    return str(limit(10))\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == "1/3" and "Fraction.limit_denominator" not in text

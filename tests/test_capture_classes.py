@@ -230,3 +230,11 @@ def test_instance_of_a_changed_class_in_args(run_as_rank0, monkeypatch):
                    "def work(rank, cfg):\n    return cfg.lr, cfg.epochs\n")
     as_main(monkeypatch, ns)
     assert run_as_rank0(ns["work"], args=(ns["Cfg"](),))[0] == (0.2, 1)
+
+
+def test_a_decorator_whose_closure_has_an_empty_cell(run_as_rank0):
+    ns = run_cells("def traced(f):\n    def inner(self, *a):\n        if False:\n            return unset\n"
+                   "        return ('traced', f(self, *a))\n    if False:\n        unset = None\n    return inner\n",
+                   "class Net:\n    @traced\n    def forward(self, x):\n        return x\n",
+                   "def work(rank):\n    return Net().forward(4)\n")
+    assert run_as_rank0(ns["work"])[0] == ("traced", 4)

@@ -71,10 +71,10 @@ def test_collect_includes_ranks_a_script_started_itself(tmp_path):
     _write(run / "metrics" / "rank0.jsonl", json.dumps({"rank": 0, "loss": 1.0}) + "\n")
     _write(run / "metrics" / "rank3.jsonl", json.dumps({"rank": 3, "loss": 4.0}) + "\n")
     _write(run / "returns" / "rank0.pt", data=7)
-    result = collect(run, None, 1, 2.5)
+    result = collect(run, run / "job.py", 1, 2.5)
     assert result.returns == {0: 7} and result.logs == {0: "only rank\n"} and result.wall_s == 2.5
     assert list(result.metrics) == [0, 3] and result.series("loss", 3) == [4.0]
-    assert result.world_size == 1 and result.script is None
+    assert result.world_size == 1 and result.script == run / "job.py" and result.run_dir == run
     assert collect(run, None, 1, 2.5, returns=False).returns == {}
 
 

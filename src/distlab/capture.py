@@ -153,7 +153,7 @@ def is_notebook_object(value, ns: dict) -> bool:
 def importable_location(value) -> tuple[str, str] | None:
     """(module, qualname) when a fresh interpreter can import ``value`` by name."""
     module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not module or not qualname or module == "__main__" or "<" in qualname:
+    if not module or not qualname:
         return None
     try:
         obj = importlib.import_module(module)
