@@ -1,0 +1,230 @@
+"""distlab.teach.practice / .beyond and their plots: predictions checked against torch itself
+(PowerSGD's real hook, BatchNorm's real buffers, chapter 8's ZeRO model), checkers both ways."""
+import math
+
+import matplotlib
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distlab.plots import beyond as beyond_plots
+from distlab.plots import practice as practice_plots
+from distlab.teach import beyond, practice, zero
+from distlab.teach.perf import single_rank_group
+
+matplotlib.use("Agg")
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 4))
+
+
+# ------------------------------------------------------------------------------- practice: gradients
+
+
+def test_flat_grad_puts_zeros_where_a_parameter_has_no_gradient():
+    model = nn.Linear(3, 2)
+    assert practice.flat_grad(model).tolist() == [0.0] * 8
+    model(torch.ones(1, 3)).sum().backward()
+    assert practice.flat_grad(model).tolist() == [1.0] * 6 + [1.0, 1.0]
+
+
+def test_cosine_and_relative_gap():
+    a = torch.tensor([1.0, 0.0])
+    assert practice.cosine(a, torch.tensor([2.0, 0.0])) == pytest.approx(1.0)
+    assert practice.cosine(a, torch.tensor([0.0, 3.0])) == pytest.approx(0.0)
+    assert practice.max_rel_gap([1.1, 2.0], [1.0, 2.0]) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        practice.max_rel_gap([1.0], [1.0, 2.0])
+
+
+# ------------------------------------------------------------------------------- practice: hooks
+
+
+def test_param_bytes_counts_every_parameter():
+    assert practice.param_bytes(nn.Linear(10, 3)) == 33 * 4
+    assert practice.param_bytes(nn.Linear(10, 3), 2) == 33 * 2
+
+
+@pytest.mark.parametrize("shape,expected", [((4, 256), False), ((256, 256), True), ((256,), False),
+                                            ((256, 32), True), ((8, 8), False)])
+def test_powersgd_compression_rule(shape, expected):
+    assert practice.powersgd_compresses(shape, rank=2) is expected
+
+
+def _bytes_sent_by_powersgd(model, rank, steps):
+    """Run torch's PowerSGD hook under DDP in a one-rank group and count what it all-reduces."""
+    sent = []
+    real = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        sent[-1] += tensor.numel() * tensor.element_size()
+        return real(tensor, *args, **kwargs)
+
+    ddp = DDP(model)
+    state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powerSGD.powerSGD_hook)
+    dist.all_reduce = counting
+    try:
+        for _ in range(steps):
+            sent.append(0)
+            ddp(torch.randn(8, 32)).sum().backward()
+    finally:
+        dist.all_reduce = real
+    return sent
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_powersgd_bytes_predicts_torchs_hook(rank):
+    with single_rank_group():
+        sent = _bytes_sent_by_powersgd(net(), rank, steps=4)
+    assert sent[:2] == [practice.param_bytes(net())] * 2          # plain all-reduce before start_powerSGD_iter
+    assert sent[2:] == [practice.powersgd_bytes(net(), rank)] * 2
+
+
+# ------------------------------------------------------------------------------- practice: BatchNorm, lr
+
+
+def test_ema_is_what_batchnorm_keeps():
+    bn = nn.BatchNorm1d(1)
+    g = torch.Generator().manual_seed(0)
+    means = []
+    for _ in range(7):
+        x = torch.randn(16, 1, generator=g) + 3
+        means.append(x.mean().item())
+        bn(x)
+    assert bn.running_mean.item() == pytest.approx(practice.ema(means, 0.1), abs=1e-6)
+    assert practice.ema([], 0.1, start=2.0) == 2.0
+
+
+def test_linear_rule_and_warmup():
+    assert practice.linear_scaled_lr(0.1, 256, 2048) == pytest.approx(0.8)
+    assert practice.warmup_lr(0, 0.8, 4, start_lr=0.1) == pytest.approx(0.1)
+    assert practice.warmup_lr(2, 0.8, 4, start_lr=0.1) == pytest.approx(0.45)
+    assert practice.warmup_lr(4, 0.8, 4, start_lr=0.1) == 0.8 == practice.warmup_lr(9, 0.8, 4)
+    assert practice.warmup_lr(0, 0.8, 4) == pytest.approx(0.2)
+    assert practice.warmup_lr(3, 0.8, 0) == 0.8
+
+
+# ------------------------------------------------------------------------------- practice: checkers
+
+
+def test_practice_checkers_accept_right_answers_and_wait_for_none(capsys):
+    layer = nn.Linear(1024, 1024)
+    assert practice.check_hook_bytes(None, layer, "bf16") is False
+    assert "No answer yet" in capsys.readouterr().out
+    assert practice.check_hook_bytes(2 * (1024 * 1024 + 1024), layer, "bf16")
+    assert practice.check_hook_bytes(4 * 2048 * 4 + 4 * 1024, layer, "powersgd", rank=4)
+    assert practice.check_unused_grad(0.2, 0.8, 4, 1)
+    assert practice.check_warmup_lr(0.275, 0.1, 256, 2048, 500, 125)
+
+
+def test_practice_checkers_reject_wrong_answers_with_a_hint():
+    layer = nn.Linear(1024, 1024)
+    with pytest.raises(AssertionError, match="uncompressed"):
+        practice.check_hook_bytes(4 * (1024 * 1024 + 1024), layer, "bf16")
+    with pytest.raises(AssertionError):
+        practice.check_hook_bytes(123, layer, "powersgd", rank=4)
+    with pytest.raises(AssertionError, match="local gradient"):
+        practice.check_unused_grad(0.8, 0.8, 4, 1)
+    with pytest.raises(AssertionError, match="peak"):
+        practice.check_warmup_lr(0.8, 0.1, 256, 2048, 500, 125)
+    with pytest.raises(AssertionError):
+        practice.check_warmup_lr("a lot", 0.1, 256, 2048, 500, 125)
+
+
+# ------------------------------------------------------------------------------- beyond: counting
+
+
+def test_collective_bytes_counts_kinds_and_message_sizes():
+    with single_rank_group():
+        with beyond.CollectiveBytes() as comm:
+            dist.all_reduce(torch.ones(10))
+            dist.all_reduce(torch.ones(5))
+            out = torch.empty(6)
+            dist.all_gather_into_tensor(out, torch.ones(6))
+            torch.ones(3) + 1                                       # not a collective
+        dist.all_reduce(torch.ones(100))                            # outside: not counted
+    assert comm.calls == {"all_reduce": 2, "all_gather": 1}
+    assert comm.bytes == {"all_reduce": 60, "all_gather": 24}
+    assert comm.wire_bytes(2) == 60 + 12
+
+
+def test_wire_bytes_uses_ring_factors():
+    assert beyond.wire_bytes({"all_reduce": 800}, 4) == 1200
+    assert beyond.wire_bytes({"all_gather": 800, "reduce_scatter": 800}, 4) == 1200
+    assert beyond.wire_bytes({"send": 10, "recv": 10}, 2) == 10
+
+
+# ------------------------------------------------------------------------------- beyond: the map
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_ddp_and_fsdp2_costs_agree_with_chapter_8s_zero_model(world):
+    psi = 132_352
+    costs = beyond.strategy_costs(psi=psi, depth=4, d=64, batch=16, world=world)
+    assert costs["DDP"].memory == zero.zero_bytes(psi, world, 0).total
+    assert costs["FSDP2"].memory == zero.zero_bytes(psi, world, 3).total
+    assert costs["FSDP2"].wire == pytest.approx(1.5 * costs["DDP"].wire)
+
+
+def test_map_leaves_out_splits_that_do_not_fit():
+    two = beyond.strategy_costs(psi=1000, depth=4, d=8, batch=4, world=2)
+    eight = beyond.strategy_costs(psi=1000, depth=4, d=8, batch=4, world=8)
+    assert set(two) == {"DDP", "FSDP2", "TP", "PP"}
+    assert "PP" not in eight and {"FSDP2 x TP", "FSDP2 x PP"} <= set(eight)
+    table = beyond.costs_table(two, {"DDP": (16_000, 4_000)})
+    assert "DDP" in table.splitlines()[1] and "16.0" in table.splitlines()[1]
+
+
+def _gpipe_idle_fraction(stages, microbatches):
+    """Simulate one GPipe phase: stage s works on micro-batch m in slot s + m; count idle slots."""
+    slots = microbatches + stages - 1
+    busy = {(s, s + m) for s in range(stages) for m in range(microbatches)}
+    return 1 - len(busy) / (stages * slots)
+
+
+@pytest.mark.parametrize("stages,microbatches", [(1, 4), (2, 4), (4, 8), (8, 3)])
+def test_bubble_fraction_matches_a_simulated_schedule(stages, microbatches):
+    assert beyond.bubble_fraction(stages, microbatches) == pytest.approx(_gpipe_idle_fraction(stages, microbatches))
+
+
+def test_beyond_checkers():
+    assert beyond.check_fsdp_bytes(16 * 7e9 / 64, psi=7_000_000_000, world=64)
+    with pytest.raises(AssertionError, match="every DDP rank"):
+        beyond.check_fsdp_bytes(16 * 7e9, psi=7_000_000_000, world=64)
+    assert beyond.check_tp_message(8 * 2048 * 4096 * 2, tokens=8 * 2048, d=4096, bytes_per_element=2)
+    with pytest.raises(AssertionError):
+        beyond.check_tp_message(8 * 2048 * 4096 * 4, tokens=8 * 2048, d=4096, bytes_per_element=2)
+    assert beyond.check_bubble(3 / 11, stages=4, microbatches=8)
+    with pytest.raises(AssertionError):
+        beyond.check_bubble(3 / 8, stages=4, microbatches=8)
+    assert beyond.check_bubble(None, stages=4, microbatches=8) is False
+
+
+# ------------------------------------------------------------------------------- plots
+
+
+def test_practice_plots_draw_one_line_per_series():
+    fig = practice_plots.plot_running_means({"a": {0: [0, 1], 1: [1, 2]}, "b": {0: [0, 0], 1: [3, 3]}})
+    assert len(fig.axes) == 2 and all(len(ax.lines) == 2 for ax in fig.axes)
+    fig = practice_plots.plot_hooks({"fp32": 300e3, "fp16": 150e3}, {"fp32": [1.0, 0.9], "fp16": [1.0, 0.8]})
+    assert len(fig.axes[0].patches) == 2 and len(fig.axes[1].lines) == 2
+    fig = practice_plots.plot_lr_runs({"B=16": (16, [1.0, 0.5]), "B=128": (128, [1.0])})
+    assert [line.get_xdata()[-1] for line in fig.axes[0].lines] == [32, 128]
+
+
+def test_beyond_plots():
+    holds = {"data": {0: {"w": ((4, 2), (0, 4), (0, 2))}, 1: {"w": ((4, 2), (0, 4), (0, 2))}},
+             "tensor": {0: {"w": ((4, 2), (0, 2), (0, 2))}, 1: {"w": ((4, 2), (2, 4), (0, 2))}}}
+    fig = beyond_plots.plot_holdings(holds, {"data": {"all_reduce": 32}, "tensor": {"all_reduce": 8}})
+    assert len(fig.axes) == 4
+    filled = [p for p in fig.axes[1].patches if p.get_fill()]        # tensor, rank 0: the top half
+    assert len(filled) == 1 and math.isclose(filled[0].get_height(), 0.5)
+    costs = beyond.strategy_costs(psi=1000, depth=4, d=8, batch=4, world=2)
+    fig = beyond_plots.plot_map({2: costs}, {"DDP": (16_000, 4_000)})
+    assert len(fig.axes[0].collections) == len(costs) + 1
