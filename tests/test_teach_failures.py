@@ -1,6 +1,8 @@
-"""Unit tests for chapter 9's helpers (distlab.teach.failures) and its plot; no distlab launches."""
+"""Unit tests for chapter 9's helpers (distlab.teach.failures) and its plot; launches only where marked slow."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,12 +67,6 @@ def test_fault_time_ignores_marks_inside_other_lines_and_says_when_there_is_none
         lab.fault_time({0: "print('FAULT_AT 1.0')\n", 1: "x FAULT_AT 2.0\n"})
 
 
-def test_ranks_without_traceback():
-    logs = {0: "Traceback (most recent call last):\n  ...\nRuntimeError: Connection closed by peer\n",
-            1: "FAULT_AT 1.0\n", 2: ""}
-    assert lab.ranks_without_traceback(logs) == [1, 2]
-
-
 def test_where_ranks_are_finds_the_innermost_script_line(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text("import time\n\ndef stuck(rank):\n    x = 1\n    time.sleep(600)\n\nstuck(1)\n")
@@ -86,29 +82,6 @@ def test_where_ranks_are_finds_the_innermost_script_line(tmp_path):
 
 
 # --- the fixes ---------------------------------------------------------------------------------
-
-def test_atomic_save_round_trip_leaves_no_temporary_file(tmp_path):
-    path = tmp_path / "ckpt.pt"
-    lab.atomic_save({"step": 3}, path)
-    assert torch.load(path) == {"step": 3}
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
-
-
-def test_atomic_save_interrupted_keeps_the_old_checkpoint(tmp_path, monkeypatch):
-    path = tmp_path / "ckpt.pt"
-    lab.atomic_save({"step": 1}, path)
-
-    def dies_half_way(obj, f, *a, **k):
-        with open(f, "wb") as out:
-            out.write(b"PK\x03\x04 half a zip")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(torch, "save", dies_half_way)
-    with pytest.raises(KeyboardInterrupt):
-        lab.atomic_save({"step": 2}, path)
-    monkeypatch.undo()
-    assert torch.load(path) == {"step": 1}
-
 
 def test_save_as_from_gpu_needs_map_location_on_a_cpu_machine(tmp_path):
     import torch.serialization as ser
@@ -176,7 +149,8 @@ def rank0_in_place(state, path, rank):
 
 def rank0_atomic(state, path, rank):
     if rank == 0:
-        lab.atomic_save(state, path)
+        torch.save(state, f"{path}.part")
+        os.replace(f"{path}.part", path)
 
 
 def rank0_leaves_tmp(state, path, rank):
@@ -214,7 +188,13 @@ def test_detection_times_draws_one_bar_per_failure_coloured_by_kind():
     assert [t.get_text() for t in ax.get_yticklabels()] == list(seconds)
     assert [b.get_facecolor() for b in bars] == [to_rgba(KINDS[k][0]) for k in ("ended", "hang", "check")]
     assert bars[1].get_x() + bars[1].get_width() == pytest.approx(7.5)
-    assert bars[2].get_width() >= 0  # below the floor: drawn at the floor, not negative
+    assert bars[2].get_x() + bars[2].get_width() == pytest.approx(0.0004)
+
+
+def test_detection_times_draws_a_value_below_the_floor_as_an_empty_bar_at_the_floor():
+    fig = detection_times({"instant": 1e-6, "slow": 2.0}, {})
+    bar = fig.axes[0].patches[0]
+    assert bar.get_x() == pytest.approx(1e-4) and bar.get_width() == 0.0   # not negative, not below the axis
 
 
 def test_multiprocessing_resource_tracker_is_not_a_worker():
@@ -222,3 +202,95 @@ def test_multiprocessing_resource_tracker_is_not_a_worker():
 
     resource_tracker.ensure_running()  # what the first mp.spawn or process pool in a kernel starts
     assert lab.worker_processes() == []
+
+
+# --- exercise 3, launched (processes) ------------------------------------------------------------
+
+def uneven_under_join():
+    import torch.distributed as dist
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(ToyModel())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    steps = 0
+    with Join([model]):
+        for step in range(3 if rank == 0 else 5):
+            x, y = lab.batch(step, rank)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            steps += 1
+    return {"steps": steps, "weights": model.module.net1.weight.detach()}
+
+
+def even_without_ddp():
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    torch.manual_seed(rank)   # no DDP: the replicas drift apart
+    return {"steps": 3 if rank == 0 else 5, "weights": ToyModel().net1.weight.detach()}
+
+
+@pytest.mark.slow
+def test_check_uneven_fixed_launches_the_answer(capsys):
+    assert lab.check_uneven_fixed(None) is False
+    assert lab.check_uneven_fixed(uneven_under_join) is True
+    with pytest.raises(AssertionError, match="the replicas differ"):
+        lab.check_uneven_fixed(even_without_ddp)
+
+
+# --- the chapter's claim about torchrun restarts (torch 2.13) --------------------------------------
+
+RESTART_JOB = """
+import datetime, os, sys, torch.distributed as dist
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+store, rank, _ = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=60)))   # init_process_group's store
+if attempt == 0:
+    store.set(f"left by attempt 0, rank {rank}", "stale")
+    store.wait(["left by attempt 0, rank 0", "left by attempt 0, rank 1"])
+    if rank == 1:
+        sys.exit(3)   # fail once: torchrun restarts both ranks
+    store.wait(["never set"])   # rank 0 waits until torchrun stops it
+else:
+    print(f"attempt 1, rank {rank}: the failed attempt's key is visible: "
+          f"{store.check([f'left by attempt 0, rank {rank}'])}", flush=True)
+"""
+
+
+def torchrun_with_one_restart(tmp_path, **env) -> tuple[int | None, str]:
+    """(exit code or None if it had to be stopped, output) of a torchrun job whose rank 1 fails once."""
+    import signal
+
+    job = tmp_path / "job.py"
+    job.write_text(RESTART_JOB)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(job)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=tmp_path,
+                            start_new_session=True)   # its own process group: stopped with its workers on a hang
+    try:
+        out, _ = proc.communicate(timeout=180)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out
+
+
+@pytest.mark.slow
+def test_torchrun_2_13_keeps_the_failed_attempts_keys_unless_the_store_is_not_shared(tmp_path):
+    """Chapter 9, section 6: torch 2.13's torchrun keeps one store across restarts, without a per-attempt prefix,
+    so the second attempt sees the keys the failed one left (the cause of the restarts that failed or hung);
+    with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 every attempt gets a fresh store. If the first half fails, torch
+    changed: update the chapter's text."""
+    code, out = torchrun_with_one_restart(tmp_path)
+    assert code == 0, out[-3000:]
+    for rank in (0, 1):
+        assert f"attempt 1, rank {rank}: the failed attempt's key is visible: True" in out
+    code, out = torchrun_with_one_restart(tmp_path, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    assert code == 0, out[-3000:]
+    for rank in (0, 1):
+        assert f"attempt 1, rank {rank}: the failed attempt's key is visible: False" in out

@@ -45,18 +45,6 @@ def test_drop_last_reads_each_index_at_most_once_and_skips_dropped(n, world):
     assert counts.count(0) == S.dropped(n, world) == n % world
 
 
-def test_padding_mask_marks_exactly_the_repeats():
-    n, world = 10, 3
-    for rank in range(world):
-        mask = S.padding_mask(n, world, rank)
-        shard = S.rank_indices(n, world, rank, shuffle=False)
-        assert [i for i, m in zip(shard, mask, strict=True) if m] == [i for p, i in enumerate(shard)
-                                                                       if rank + p * world >= n]
-    kept = [i for r in range(world) for i, m in zip(S.rank_indices(n, world, r, seed=5),
-                                                     S.padding_mask(n, world, r), strict=True) if not m]
-    assert sorted(kept) == list(range(n))
-
-
 def test_seed_plus_epoch_is_what_matters():
     assert S.epoch_order(9, seed=0, epoch=1) == S.epoch_order(9, seed=1, epoch=0)
     assert S.epoch_order(9, seed=0, epoch=0) != S.epoch_order(9, seed=0, epoch=1)
@@ -109,3 +97,13 @@ def test_rank_maps_draws_one_panel_per_matrix_with_legend():
     assert len(axes) == 2 and axes[1].get_xlabel() == "dataset index"
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels == ["rank 0", "rank 1", "several ranks (padding)"]
+
+
+def test_check_join_lr():
+    assert S.check_join_lr(None, lr=0.1, world=2, ranks_left=1) is False
+    assert S.check_join_lr(0.05, lr=0.1, world=2, ranks_left=1) is True
+    assert S.check_join_lr(0.15, lr=0.2, world=4, ranks_left=3) is True
+    with pytest.raises(AssertionError, match="divide_by_initial_world_size=False"):
+        S.check_join_lr(0.1, lr=0.1, world=2, ranks_left=1)
+    with pytest.raises(AssertionError, match="1 real gradient"):
+        S.check_join_lr(0.025, lr=0.1, world=2, ranks_left=1)

@@ -1,8 +1,10 @@
-"""distlab.teach.training: the ddp_train.py script text, its helpers, the single-process reference,
-checkpoints, multi-node launch lines and the chapter's exercise checks.
+"""Chapter 7's ddp_train.py (taken from the chapter's %%writefile cell) and distlab.teach.training: the script's
+helpers, the single-process reference, checkpoints, multi-node launch lines and the chapter's exercise checks.
 
-Everything except the last test runs in this process (no ranks are started).
+The helpers are tested as the script defines them (``runpy`` of the written file, not as ``__main__``), so
+these tests test the code a learner reads. Everything except the last test runs in this process.
 """
+import json
 import os
 import runpy
 import shutil
@@ -21,6 +23,40 @@ def script(tmp_path):
     return T.write_ddp_train(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def ns(tmp_path_factory):
+    """The script's namespace: its functions, imported from the file the chapter writes."""
+    return runpy.run_path(str(T.write_ddp_train(tmp_path_factory.mktemp("script"))))
+
+
+# --- taking the script out of the chapter ----------------------------------------------------
+
+def notebook_with(tmp_path, *sources):
+    path = tmp_path / "nb.ipynb"
+    cells = [{"cell_type": "code", "source": src, "metadata": {}, "outputs": []} for src in sources]
+    path.write_text(json.dumps({"cells": cells}))
+    return path
+
+
+def test_script_from_notebook_takes_the_writefile_cell_without_its_magic(tmp_path):
+    nb = notebook_with(tmp_path, "print(1)", ["%%writefile ddp_train.py\n", "import os\n", "print(os.sep)"],
+                       "%%writefile other.py\nx = 1\n")
+    assert T.script_from_notebook(nb) == "import os\nprint(os.sep)\n"
+    assert T.script_from_notebook(nb, "other.py") == "x = 1\n"
+
+
+def test_script_from_notebook_wants_exactly_one_cell(tmp_path):
+    with pytest.raises(ValueError, match="found 0"):
+        T.script_from_notebook(notebook_with(tmp_path, "%%writefile ddp_train.py.bak\nx\n"))
+    with pytest.raises(ValueError, match="found 2"):
+        T.script_from_notebook(notebook_with(tmp_path, "%%writefile ddp_train.py\na\n", "%%writefile ddp_train.py\nb"))
+
+
+def test_the_chapter_writes_the_script_it_shows(script):
+    assert T.chapter_notebook().name == "07_two_gpu_training.ipynb"
+    assert script.read_text().startswith('"""ddp_train.py: the article')
+
+
 # --- the script -------------------------------------------------------------------------------
 
 def test_script_compiles_and_keeps_the_articles_program(script):
@@ -35,12 +71,16 @@ def test_script_compiles_and_keeps_the_articles_program(script):
     assert "'12355'" not in text and 'init_process_group("nccl"' not in text
 
 
-def test_script_contains_the_tested_helpers_verbatim(script):
-    names = runpy.run_path(str(script))  # not __main__: defines, does not train
-    for fn in T.SCRIPT_HELPERS:
-        assert fn.__name__ in names
-    assert names["LAUNCHER_VARS"] == T.LAUNCHER_VARS
-    assert "__HELPERS__" not in script.read_text()
+def test_the_scripts_launcher_variables_are_the_harness_ones(ns):
+    assert ns["LAUNCHER_VARS"] == T.LAUNCHER_VARS   # tests and the GPU check clear the same variables
+
+
+def test_script_marks_the_articles_changes(script):
+    text = script.read_text()
+    for line in ['dist.init_process_group(backend, rank=rank, world_size=world_size)  # changed: was "nccl"',
+                 "torch.cuda.set_device(device)  # changed: was torch.cuda.set_device(rank)",
+                 "use_own_rendezvous()  # added: replaces the article's fixed port 12355"]:
+        assert line in text, line
 
 
 def test_script_defaults_are_the_articles(script):
@@ -61,9 +101,9 @@ def test_script_is_lint_clean(script):
 
 # --- helpers copied into the script -----------------------------------------------------------
 
-def test_device_and_backend_on_cpu_is_gloo(monkeypatch):
+def test_device_and_backend_on_cpu_is_gloo(ns, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert T.device_and_backend(0, 2) == (torch.device("cpu"), "gloo")
+    assert ns["device_and_backend"](0, 2) == (torch.device("cpu"), "gloo")
 
 
 @pytest.mark.parametrize("gpus,local_rank,local_world,expected", [
@@ -71,52 +111,52 @@ def test_device_and_backend_on_cpu_is_gloo(monkeypatch):
     (1, 0, 1, (torch.device("cuda", 0), "nccl")),
     (1, 1, 2, (torch.device("cpu"), "gloo")),     # fewer GPUs than local ranks: CPU for all
 ])
-def test_device_and_backend_with_gpus(monkeypatch, gpus, local_rank, local_world, expected):
+def test_device_and_backend_with_gpus(ns, monkeypatch, gpus, local_rank, local_world, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    assert T.device_and_backend(local_rank, local_world) == expected
+    assert ns["device_and_backend"](local_rank, local_world) == expected
 
 
-def test_free_port_can_be_bound():
+def test_free_port_can_be_bound(ns):
     import socket
 
-    port = T.free_port()
+    port = ns["free_port"]()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
     assert 0 < port < 65536
 
 
-def test_own_rendezvous_keeps_a_user_port(monkeypatch):
-    for name in T.LAUNCHER_VARS:
+def test_own_rendezvous_keeps_a_user_port(ns, monkeypatch):
+    for name in ns["LAUNCHER_VARS"]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MASTER_PORT", "23456")
-    T.use_own_rendezvous()
+    ns["use_own_rendezvous"]()
     assert os.environ["MASTER_PORT"] == "23456" and os.environ["MASTER_ADDR"] == "localhost"
 
 
-def test_own_rendezvous_drops_a_launchers_variables(monkeypatch):
+def test_own_rendezvous_drops_a_launchers_variables(ns, monkeypatch):
     launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": "1", "TORCHELASTIC_USE_AGENT_STORE": "True"}
     for name, value in launcher.items():
         monkeypatch.setenv(name, value)
-    T.use_own_rendezvous()
+    ns["use_own_rendezvous"]()
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE"):
         assert name not in os.environ
     assert os.environ["MASTER_PORT"] != "1" and os.environ["MASTER_ADDR"] == "localhost"
 
 
-def test_save_checkpoint_round_trip_leaves_no_temp_file(tmp_path):
+def test_save_checkpoint_round_trip_leaves_no_temp_file(ns, tmp_path):
     path = tmp_path / "ckpt.pt"
-    T.save_checkpoint({"epoch": 3, "w": torch.arange(4.0)}, path)
-    T.save_checkpoint({"epoch": 4, "w": torch.arange(5.0)}, path)
-    state = T.load_checkpoint(path, torch.device("cpu"))
+    ns["save_checkpoint"]({"epoch": 3, "w": torch.arange(4.0)}, path)
+    ns["save_checkpoint"]({"epoch": 4, "w": torch.arange(5.0)}, path)
+    state = ns["load_checkpoint"](path, torch.device("cpu"))
     assert state["epoch"] == 4 and torch.equal(state["w"], torch.arange(5.0))
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
-def test_a_save_that_dies_half_way_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+def test_a_save_that_dies_half_way_keeps_the_old_checkpoint(ns, tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
-    T.save_checkpoint({"epoch": 1}, path)
+    ns["save_checkpoint"]({"epoch": 1}, path)
 
     def dies_half_way(obj, f):
         f.write(b"PK\x03\x04 half a zip")
@@ -124,9 +164,9 @@ def test_a_save_that_dies_half_way_keeps_the_old_checkpoint(tmp_path, monkeypatc
 
     monkeypatch.setattr(torch, "save", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
-        T.save_checkpoint({"epoch": 2}, path)
+        ns["save_checkpoint"]({"epoch": 2}, path)
     monkeypatch.undo()
-    assert T.load_checkpoint(path, "cpu")["epoch"] == 1
+    assert ns["load_checkpoint"](path, "cpu")["epoch"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
@@ -140,12 +180,12 @@ def test_in_place_save_in_progress_is_unreadable_atomic_is_not(tmp_path):
     assert T.try_load(path) != "complete"
 
 
-def test_parameter_checksum():
+def test_parameter_checksum(ns):
     model = torch.nn.Linear(2, 1)
     with torch.no_grad():
         model.weight.fill_(1.5)
         model.bias.fill_(-0.5)
-    assert T.parameter_checksum(model) == 2.5
+    assert ns["parameter_checksum"](model) == 2.5
 
 
 # --- the reference ----------------------------------------------------------------------------
@@ -292,10 +332,10 @@ def test_plots_draw_what_they_say():
 # --- the script, run as a user would (processes) ----------------------------------------------
 
 @pytest.mark.slow
-def test_plain_python_run_trains_like_the_reference(script, tmp_path):
+def test_plain_python_run_trains_like_the_reference(ns, script, tmp_path):
     """`python ddp_train.py` outside distlab: mp.spawn starts 2 ranks; both end at the reference."""
     ckpt = tmp_path / "ckpt.pt"
-    env = {k: v for k, v in os.environ.items() if k not in T.LAUNCHER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in ns["LAUNCHER_VARS"]}
     env["OMP_NUM_THREADS"] = "1"
     out = subprocess.run([sys.executable, str(script), "--epochs", "2", "--size", "128", "--batch-size", "16",
                           "--checkpoint", str(ckpt)], capture_output=True, text=True, timeout=120, env=env,

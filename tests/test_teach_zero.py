@@ -47,15 +47,6 @@ def test_deepspeed_fp32_adds_a_master_partition_at_stages_1_and_2_only():
     assert zero.deepspeed_fp32_bytes(PSI, 2, 2).params == zero.zero_bytes(PSI, 2, 2).params
 
 
-def test_ds_config_uses_torch_adam_and_needs_no_untested_flag():
-    cfg = zero.ds_config(2)
-    assert cfg["zero_optimization"] == {"stage": 2}
-    assert cfg["optimizer"]["params"]["torch_adam"] is True and cfg["optimizer"]["params"]["adam_w_mode"] is False
-    assert "zero_allow_untested_optimizer" not in cfg
-    knobs = zero.ds_config(3, reduce_bucket_size=1e4, param_persistence_threshold=0)["zero_optimization"]
-    assert knobs == {"stage": 3, "reduce_bucket_size": 10_000, "stage3_param_persistence_threshold": 0}
-
-
 def test_deep_mlp_parameter_count():
     width, depth = 16, 3
     assert zero.count_params(zero.deep_mlp(width, depth)) == (10 * width + width) + depth * (width * width + width) + (
@@ -218,28 +209,47 @@ def test_smallest_stage_check():
     assert zero.check_smallest_stage(None, 10**9, 8, 8e9) is False
     assert zero.check_smallest_stage(2, 10**9, 8, 8e9) is True
     assert zero.check_smallest_stage(-1, 10**9, 8, 1e9) is True
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="Not quite: 3"):
         zero.check_smallest_stage(3, 10**9, 8, 8e9)
 
 
 def test_paper_example_check():
     assert zero.check_paper_example(None) is False
     assert zero.check_paper_example(16.64) is True
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="divides gradients and optimizer state by 64"):
         zero.check_paper_example(31.4)
 
 
 def test_adam_ignores_a_gradient_scale_that_sgd_would_double():
     assert abs(zero.adam_update_ratio(2.0) - 1) < 1e-4
     assert zero.check_adam_scale(1) is True
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="sqrt\\(v\\) by \\|c\\|"):
         zero.check_adam_scale(2)
 
 
-def test_skip_shm_comm_build_marks_the_op_unbuildable():
-    ops = pytest.importorskip("deepspeed.ops")
+def test_skip_shm_comm_build_marks_the_op_unbuildable(monkeypatch):
+    import deepspeed.ops as ops  # a pinned dependency: its private table must still have the entry
+
+    monkeypatch.setitem(ops.__compatible_ops__, "deepspeed_shm_comm", True)   # undone after the test
     zero.skip_shm_comm_build()
     assert ops.__compatible_ops__["deepspeed_shm_comm"] is False
+
+
+def test_skip_shm_comm_build_says_when_the_private_table_changed(monkeypatch):
+    import deepspeed.ops as ops
+
+    monkeypatch.delitem(ops.__compatible_ops__, "deepspeed_shm_comm")
+    with pytest.raises(RuntimeError, match="private op table has no 'deepspeed_shm_comm'"):
+        zero.skip_shm_comm_build()
+
+
+def test_zero1_load_check():
+    assert zero.check_zero1_load(None, 2) is False
+    assert zero.check_zero1_load([1, 0], 2) is True
+    with pytest.raises(AssertionError, match="every rank's optimizer holds a share"):
+        zero.check_zero1_load([0], 2)
+    with pytest.raises(AssertionError, match="Not quite"):
+        zero.check_zero1_load([0, 1, 2], 2)
 
 
 def test_plot_has_one_stacked_bar_per_kind_and_run():

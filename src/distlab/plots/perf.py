@@ -36,7 +36,6 @@ def plot_launch(names: list[str], ratios: list[float]):
     _baseline(ax, label="bare Popen", vertical=True)
     ax.invert_yaxis()
     ax.set_xlabel("wall time of a 2-rank trivial job / bare Popen")
-    ax.set_title("Launch cost")
     ax.legend(loc="lower right")
     fig.tight_layout()
     return fig
@@ -64,7 +63,6 @@ def plot_message_size(sizes: list[float], seconds: list[float], alpha: float, be
     ax.set_xlim(lo, hi)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel(f"time / time of {_human(sizes[0])}")
-    ax.set_title("All-reduce cost against message size")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
@@ -89,7 +87,6 @@ def plot_overhead(ratios: dict[str, dict[int, float]], goal: float = 1.05):
     ax.yaxis.set_major_formatter(plain_numbers)
     ax.yaxis.set_minor_formatter(plain_numbers)
     ax.set_ylabel("DDP step time / plain step time")
-    ax.set_title("What wrapping a model in DDP costs")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -106,7 +103,6 @@ def plot_buckets(sweep: dict[float, dict], baseline: float):
     ax.set_xticks(range(len(caps)), labels)
     ax.set_xlabel("bucket_cap_mb")
     ax.set_ylabel("DDP step time / baseline")
-    ax.set_title("Bucket size (2 ranks)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -128,7 +124,6 @@ def plot_no_sync(ks: list[int], bytes_per_sample: list[float], seconds_per_sampl
         ax.set_xlabel("micro-batches per optimizer step (k)")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    fig.suptitle("Gradient accumulation with no_sync()")
     fig.tight_layout()
     return fig
 
@@ -151,7 +146,45 @@ def plot_phases(plain: dict[str, float], ddp: dict[str, float], comm: float, ove
     _baseline(ax, label="plain step", vertical=True)
     ax.invert_yaxis()
     ax.set_xlabel("time / plain step time")
-    ax.set_title("Where one step's time goes (2 ranks)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
+    return fig
+
+
+def plot_bucket_timeline(timelines: dict[int, dict]):
+    """One panel per rank: when each gradient became ready during one backward pass, and when each
+    bucket's all-reduce ran (from DDP handing it to the communication hook to its completion).
+
+    ``timelines[rank]`` holds perf_counter seconds: ``start``/``end`` of ``loss.backward()``,
+    ``ready`` ``[(param_index, t)]``, ``launched``/``done`` ``[(bucket, t)]`` and ``members``
+    ``{bucket: [param_index, ...]}``. Times are drawn in ms from the start of backward.
+    """
+    ranks = sorted(timelines)
+    n_buckets = max(len(t["members"]) for t in timelines.values())
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(7.5, 0.9 + (1.1 + 0.35 * n_buckets) * len(ranks)),
+                             sharex=True, squeeze=False)
+    for ax, rank in zip(axes[:, 0], ranks, strict=True):
+        t = timelines[rank]
+
+        def ms(seconds, t0=t["start"]):
+            return 1e3 * (seconds - t0)
+
+        bucket_of = {p: b for b, params in t["members"].items() for p in params}
+        colour = {b: f"C{b % 10}" for b in t["members"]}
+        ready = sorted(t["ready"], key=lambda item: item[1])
+        ax.scatter([ms(s) for _, s in ready], [0] * len(ready), marker="|", s=200,
+                   c=[colour.get(bucket_of.get(p), "0.4") for p, _ in ready], label="a gradient is ready")
+        launched, done = dict(t["launched"]), dict(t["done"])
+        for b in sorted(launched):
+            ax.barh(1 + b, ms(done[b]) - ms(launched[b]), left=ms(launched[b]), height=0.6, color=colour[b],
+                    label="all-reduce of a bucket" if b == 0 else None)
+        ax.axvline(ms(ready[-1][1]), color="0.3", linestyle=":", label="last gradient ready")
+        ax.axvline(ms(t["end"]), color="0.3", linestyle="--", label="backward() returns")
+        ax.set_yticks(range(1 + n_buckets), ["gradients"] + [f"bucket {b}" for b in range(n_buckets)])
+        ax.set_ylim(n_buckets + 0.6, -0.6)
+        ax.set_ylabel(f"rank {rank}")
+    axes[-1, 0].set_xlabel("ms since loss.backward() started")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig

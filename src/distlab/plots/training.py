@@ -19,7 +19,6 @@ def loss_curves(losses_by_rank: dict[int, list[float]], reference: list[float] |
                 label="one process, global batches")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy loss")
-    ax.set_title("Loss per rank")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     return fig
 
@@ -36,6 +35,5 @@ def throughput(samples_per_s: dict[int, float]):
     ax.set_xticks(list(xs), [str(w) for w in worlds])
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("samples / s")
-    ax.set_title("Training throughput")
     ax.legend(fontsize=8)
     return fig

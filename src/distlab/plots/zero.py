@@ -26,7 +26,6 @@ def plot_bytes_by_stage(rows, unit: float = 1e6, unit_name: str = "MB"):
     top = max(max(bottoms), max(p / unit for _, _, p in rows))
     ax.set_ylim(0, 1.3 * top)
     ax.set_ylabel(f"{unit_name} per rank")
-    ax.set_title("Model states held by one rank (2 ranks)")
     ax.legend(loc="upper right", fontsize=8, ncol=3)
     fig.tight_layout()
     return fig

@@ -2,9 +2,10 @@
 
 Distributed bugs cost time because they hang or blame the wrong rank. These helpers turn what a
 failed run leaves behind (each rank's log, each rank's stack) into answers: which processes are
-still alive, when the fault happened, which rank died without a word, which line each rank was
-stuck on. The fixes (an atomic checkpoint write, deterministic batches for a resumable run) live
-here too, so workers import exactly the code the chapter shows.
+still alive, when the fault happened, which line each rank was stuck on. The lessons themselves (the
+rule that finds a rank that died without a word, the atomic checkpoint write, every mistake and its
+fix) are code in the chapter's cells; this module keeps the harness, the deterministic batches and
+reference weights a resumed run is checked against, and the exercise checks.
 """
 from __future__ import annotations
 
@@ -91,15 +92,6 @@ def fault_time(logs: dict[int, str]) -> float:
     return min(times)
 
 
-def ranks_without_traceback(logs: dict[int, str]) -> list[int]:
-    """Ranks whose log holds no Python traceback: they died without Python noticing.
-
-    ``os._exit``, a segfault, the OOM killer or a C++ abort leave no traceback and no error file.
-    The ranks that *do* print one often only report the consequence ("Connection closed by peer").
-    """
-    return sorted(r for r, text in logs.items() if "Traceback (most recent call last)" not in text)
-
-
 def where_ranks_are(stacks: dict[int, str], script) -> dict[int, str]:
     """For each rank, the innermost line of ``script`` on its stack, as source text.
 
@@ -118,21 +110,7 @@ def where_ranks_are(stacks: dict[int, str], script) -> dict[int, str]:
     return found
 
 
-# --- the fixes ---------------------------------------------------------------------------------
-
-def atomic_save(obj, path) -> None:
-    """``torch.save`` that never leaves a half-written file at ``path``.
-
-    ``torch.save(obj, path)`` truncates ``path`` and then writes it; a rank that reads it in
-    between (or a crash in between) sees a broken zip. Writing a temporary file in the same
-    folder and renaming it is atomic on POSIX: readers see the old file or the new one.
-    """
-    import torch
-
-    tmp = Path(f"{path}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
+# --- a GPU checkpoint, data and the reference -------------------------------------------------
 
 def save_as_from_gpu(obj, path, device: str = "cuda:0") -> None:
     """Save ``obj`` as rank 0 of a GPU job would: every storage is tagged ``device``.
@@ -257,4 +235,31 @@ def check_safe_save(save) -> bool:
         assert back["step"] == 7 and torch.equal(back["w"], state["w"]), "the file at path is not the state saved"
         assert [p.name for p in Path(d).iterdir()] == ["ckpt.pt"], "temporary files were left behind"
     print("correct")
+    return True
+
+
+def check_uneven_fixed(fn, timeout: float = 120) -> bool:
+    """Self-check for exercise 3: launch ``fn`` on 2 gloo ranks; it must finish, rank 0 taking 3 steps and
+    rank 1 five, with equal weights on both ranks. A hang is ended by ``timeout`` and reported as a failure."""
+    if fn is None:
+        print("No answer yet: replace None with your function uneven_fixed().")
+        return False
+    import torch
+
+    import distlab
+
+    try:
+        result = distlab.launch(fn, world_size=2, backend="gloo", timeout=timeout)
+    except distlab.WorkerTimeoutError as e:
+        where = where_ranks_are(e.stacks, e.result.script) if e.result is not None else e.stacks
+        raise AssertionError(f"it hung for {timeout:g} s; where each rank was: {where}. Hint: the rank that runs "
+                             "out of batches first must keep shadowing the other's all-reduces (Join).") from None
+    r0, r1 = result.returns[0], result.returns[1]
+    assert isinstance(r0, dict) and {"steps", "weights"} <= set(r0), (
+        "return {'steps': steps_taken, 'weights': model.module.net1.weight.detach()} from every rank")
+    assert [r0["steps"], r1["steps"]] == [3, 5], (
+        f"rank 0 took {r0['steps']} steps and rank 1 {r1['steps']}; the exercise wants 3 and 5")
+    assert torch.equal(r0["weights"], r1["weights"]), (
+        "it finished, but the replicas differ: did every step go through the DDP model?")
+    print("correct: rank 1's two extra steps all-reduced with rank 0's zeros, and the replicas agree")
     return True

@@ -1,14 +1,18 @@
-"""Measuring what DDP costs, for the performance lab (chapter 10) and ``bench/ddp_overhead.py``.
+"""The measurement harness of the performance lab (chapter 10) and ``bench/ddp_overhead.py``.
 
-Three kinds of helpers live here:
+The DDP code a learner reads and writes (``DDP(..., bucket_cap_mb=...)``, gradient accumulation with
+``no_sync()``, communication hooks) is in the chapter's cells. What lives here is not the lesson:
 
 * **timing** that survives a shared machine: every variant is timed once per round, in rotating
   order, and we keep medians; every number is then a ratio against a baseline of the same run;
-* **accounting** that does not depend on timing at all: how many buckets DDP makes
-  (:func:`bucket_plan` predicts it, :class:`AllReduceCounter` counts it), and the proof that
-  gradient accumulation under ``no_sync()`` gives the large-batch gradient;
+* **references**: :func:`bucket_plan` predicts DDP's buckets, :func:`large_batch_grads` is the
+  gradient accumulation must reproduce;
 * small **parsers and fits** for the benchmark scripts' tables (:func:`parse_table`,
   :func:`fit_alpha_beta`) and the exercise self-checks.
+
+Some helpers read DDP's **private** logging API (``_get_ddp_logging_data``,
+``_set_ddp_runtime_logging_sample_rate``): the only place DDP reports its own bucket count and
+communication time. Private means it may change without notice in any torch release.
 
 Workers call these functions inside an initialised process group; nothing here starts processes.
 """
@@ -186,7 +190,7 @@ def plain_vs_ddp(workload: Workload, batch: int, repeats: int = 5, device="cpu",
     base = workload.model().to(device)
     plain = copy.deepcopy(base)
     ddp = DDP(copy.deepcopy(base), **ddp_kwargs(device), **ddp_options)
-    ddp._set_ddp_runtime_logging_sample_rate(1)  # let DDP time its comm on every step
+    ddp._set_ddp_runtime_logging_sample_rate(1)  # private API: let DDP time its comm on every step
     x, y = workload.batch(batch, seed=1 + _rank(), device=device)
     sync = cuda_sync(device)
     opts = {m: torch.optim.SGD(m.parameters(), lr=1e-4) for m in (plain, ddp)}
@@ -215,32 +219,14 @@ def checksum(model: nn.Module) -> float:
 
 def ddp_comm_stats(ddp: DDP) -> dict[str, float]:
     """DDP's own measurement of its last step (seconds): communication time, and how much of it
-    overlapped the backward computation; plus how many buckets it all-reduced."""
+    overlapped the backward computation; plus how many buckets it all-reduced.
+
+    Reads ``DDP._get_ddp_logging_data()``, a private API (there is no public one for these numbers).
+    """
     data = ddp._get_ddp_logging_data()
     return {"comm": data.get("backward_comm_time", 0) / 1e9,
             "overlap": data.get("backward_compute_comm_overlap_time", 0) / 1e9,
             "buckets": float(data.get("num_buckets_reduced", 0))}
-
-
-def bucket_sweep(workload: Workload, caps_mb: list[float], batch: int, repeats: int = 5, device="cpu") -> dict:
-    """Step time and bucket count of DDP for each ``bucket_cap_mb``, alternated in one run.
-
-    The first step runs with a single bucket; DDP rebuilds its buckets in gradient-ready order on
-    the second step, so the counts are read after two warm-up steps.
-    """
-    torch.manual_seed(0)
-    base = workload.model().to(device)
-    models = {cap: DDP(copy.deepcopy(base), bucket_cap_mb=cap, **ddp_kwargs(device)) for cap in caps_mb}
-    opts = {cap: torch.optim.SGD(m.parameters(), lr=1e-4) for cap, m in models.items()}
-    x, y = workload.batch(batch, seed=1 + _rank(), device=device)
-    sync = cuda_sync(device)
-    fns = {cap: (lambda cap=cap: step_phases(models[cap], opts[cap], x, y, workload.loss, sync)["step"])
-           for cap in caps_mb}
-    runs = alternate(fns, repeats=repeats, warmup=2, before=_barrier)
-    return {cap: {"step": statistics.median(runs[cap]),
-                  "buckets": int(ddp_comm_stats(models[cap])["buckets"]),
-                  "predicted": len(bucket_plan(ready_order_bytes(base), int(cap * 2**20)))}
-            for cap in caps_mb}
 
 
 def ready_order_bytes(model: nn.Module) -> list[int]:
@@ -272,42 +258,6 @@ def bucket_plan(sizes: list[int], cap_bytes: int, first_cap_bytes: int | None = 
 # ---------------------------------------------------------------- no_sync gradient accumulation
 
 
-class AllReduceCounter:
-    """State for :func:`counting_allreduce_hook`: how many all-reduces DDP issued, and their bytes."""
-
-    def __init__(self, group=None):
-        self.group = group
-        self.calls = 0
-        self.bytes = 0
-
-    def reset(self) -> None:
-        self.calls = self.bytes = 0
-
-
-def counting_allreduce_hook(state: AllReduceCounter, bucket):
-    """A DDP communication hook: count the bucket, then average it across ranks as DDP's default does."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    buffer = bucket.buffer()
-    state.calls += 1
-    state.bytes += buffer.numel() * buffer.element_size()
-    return default_hooks.allreduce_hook(state.group, bucket)
-
-
-def accumulate(ddp: DDP, micro_batches, loss_fn) -> None:
-    """Gradient accumulation over ``k`` micro-batches with a single all-reduce.
-
-    The first ``k - 1`` forward+backward passes run under ``no_sync()``: gradients only add up
-    locally. The last pass syncs, and its all-reduce carries the sum of all ``k``. Dividing each
-    loss by ``k`` makes the result the mean over all samples, like one large batch.
-    """
-    k = len(micro_batches)
-    for i, (x, y) in enumerate(micro_batches):
-        context = ddp.no_sync() if i < k - 1 else contextlib.nullcontext()
-        with context:
-            (loss_fn(ddp(x), y) / k).backward()
-
-
 def global_batch(workload: Workload, world: int, k: int, micro: int, seed: int = 0, device="cpu"):
     """The same data on every rank: ``world * k`` micro-batches of ``micro`` samples."""
     x, y = workload.batch(world * k * micro, seed=seed, device=device)
@@ -331,36 +281,11 @@ def max_grad_diff(model: nn.Module, reference: list[torch.Tensor]) -> float:
     return max((p.grad - r).abs().max().item() for p, r in zip(model.parameters(), reference, strict=True))
 
 
-def no_sync_check(workload: Workload, ks: list[int], micro: int, device="cpu") -> dict:
-    """For each k: DDP gradients after ``accumulate`` vs the large-batch gradient, and the
-    all-reduces counted by a comm hook (calls and bytes per optimizer step and per sample)."""
-    world, rank = dist.get_world_size(), _rank()
-    torch.manual_seed(0)
-    base = workload.model().to(device)
-    ddp = DDP(copy.deepcopy(base), **ddp_kwargs(device))
-    counter = AllReduceCounter()
-    ddp.register_comm_hook(counter, counting_allreduce_hook)
-    ddp._set_ddp_runtime_logging_sample_rate(1)
-    x, y = global_batch(workload, world, 1, micro, seed=999, device=device)
-    for _ in range(3):  # DDP rebuilds its buckets on the 2nd step; its statistics lag one step behind
-        accumulate(ddp, my_micro_batches(x, y, rank, world, 1), workload.loss)
-    buckets = int(ddp_comm_stats(ddp)["buckets"])
-    out = {}
-    for k in ks:
-        x, y = global_batch(workload, world, k, micro, seed=k, device=device)
-        reference = large_batch_grads(base, x, y, workload.loss)
-        ddp.zero_grad(set_to_none=True)
-        counter.reset()
-        accumulate(ddp, my_micro_batches(x, y, rank, world, k), workload.loss)
-        samples = world * k * micro
-        out[k] = {"max_diff": max_grad_diff(ddp.module, reference), "calls": counter.calls, "buckets": buckets,
-                  "bytes": counter.bytes, "bytes_per_sample": counter.bytes / samples, "samples": samples}
-    return out
-
-
-def no_sync_timing(workload: Workload, ks: list[int], micro: int, repeats: int = 3, device="cpu") -> dict:
+def no_sync_timing(workload: Workload, ks: list[int], micro: int, accumulate: Callable, repeats: int = 3,
+                   device="cpu") -> dict:
     """Seconds per sample of a whole optimizer step (k micro-batches, one all-reduce, one update),
-    for each k, alternated in one run."""
+    for each k, alternated in one run. ``accumulate(ddp, micro_batches, loss_fn)`` is the chapter's
+    gradient accumulation (the lesson); this function only times it."""
     world, rank = dist.get_world_size(), _rank()
     torch.manual_seed(0)
     ddp = DDP(workload.model().to(device), **ddp_kwargs(device))
@@ -576,4 +501,37 @@ def check_allreduce_bytes(answer, model: nn.Module, world: int, k: int, micro: i
         f"{answer:.0f} is not it. Hint: each optimizer step all-reduces every gradient once "
         f"({grad_bytes(model)} bytes), and one optimizer step consumes world * k * micro samples.")
     print("correct")
+    return True
+
+
+def check_fp16_hook(hook) -> bool:
+    """Exercise 3: a communication hook that all-reduces the bucket in float16, like torch's
+    ``fp16_compress_hook``. Runs in this process, in a one-rank group: the gradients it leaves must equal
+    torch's hook's bit for bit, and differ from DDP's default (float32) ones."""
+    if hook is None:
+        print("No answer yet: replace None with your hook function hook(state, bucket).")
+        return False
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    workload = Workload("check", 64, 64, classify=False)
+    x, y = workload.batch(8, seed=3)
+
+    def gradients(register) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        ddp = DDP(workload.model())
+        register(ddp)
+        workload.loss(ddp(x), y).backward()
+        return [p.grad.clone() for p in ddp.module.parameters()]
+
+    with single_rank_group():
+        default = gradients(lambda ddp: None)
+        torchs = gradients(lambda ddp: ddp.register_comm_hook(None, default_hooks.fp16_compress_hook))
+        yours = gradients(lambda ddp: ddp.register_comm_hook(None, hook))
+    assert all(a.dtype == torch.float32 for a in yours), "the gradients must come back as float32: cast back"
+    assert any(not torch.equal(a, b) for a, b in zip(yours, default, strict=True)), (
+        "your gradients are DDP's float32 ones: the bucket was not all-reduced in float16")
+    assert all(torch.equal(a, b) for a, b in zip(yours, torchs, strict=True)), (
+        "not the same as torch's fp16_compress_hook: cast the bucket to float16, divide by the world size, "
+        "all-reduce, then copy the result back into bucket.buffer() and return it")
+    print("correct: float16 on the wire, half the bytes of every all-reduce, gradients rounded to float16")
     return True

@@ -1,9 +1,9 @@
 """The index math of ``torch.utils.data.distributed.DistributedSampler``, written out by hand.
 
-Chapter 6 checks torch's sampler against these functions: if both agree for many sizes, world
-sizes, seeds and epochs, the chapter's claims about sharding, padding and shuffling are claims
-about torch, not about one lucky example. Only the random permutation itself is borrowed from
-torch (``torch.randperm`` with a generator seeded ``seed + epoch``); the rest is plain lists.
+Chapter 6 writes the same index math in its own cells (that is the lesson) and compares it with
+torch there; this copy is the reference the exercise checks use, tested against torch in
+``tests/test_teach_sampler.py``, so a checker never depends on the learner's code. Only the
+random permutation is borrowed from torch (``torch.randperm`` seeded ``seed + epoch``).
 
 The ``check_*`` functions are the chapter's exercise self-checks: they print ``correct`` or raise
 an ``AssertionError`` whose message is a hint.
@@ -72,15 +72,6 @@ def rank_indices(n: int, world: int, rank: int, *, shuffle: bool = True, seed: i
 def all_rank_indices(n: int, world: int, **kw) -> list[list[int]]:
     """``rank_indices`` for every rank, in rank order."""
     return [rank_indices(n, world, r, **kw) for r in range(world)]
-
-
-def padding_mask(n: int, world: int, rank: int, drop_last: bool = False) -> list[bool]:
-    """For each position of a rank's shard: is it padding (a repeat that is not real data)?
-
-    Position ``p`` of rank ``r`` is global position ``r + p * world``; positions ``>= n`` were added
-    by padding. Evaluation code uses this to count every sample exactly once.
-    """
-    return [rank + p * world >= n for p in range(num_samples(n, world, drop_last))]
 
 
 def coverage(shards: list[list[int]], n: int) -> list[int]:
@@ -172,4 +163,26 @@ def check_same_order(answer, seed: int, epoch: int, other_seed: int) -> bool:
     assert int(answer) == want, (
         "The sampler seeds its generator with seed + epoch; find the epoch that gives the same sum.")
     print("correct")
+    return True
+
+
+def check_join_lr(answer, lr: float, world: int, ranks_left: int) -> bool:
+    """Self-check: the effective learning rate of an extra step under ``Join`` (default division).
+
+    ``ranks_left`` ranks still train and all-reduce their gradients; the joined ranks add zeros, and
+    DDP divides the sum by the *initial* world size. Against plain SGD on the mean gradient of the
+    ranks still training, that is ``lr * ranks_left / world``.
+    """
+    if answer is None:
+        print("No answer yet: replace None with a learning rate.")
+        return False
+    want = lr * ranks_left / world
+    assert not math.isclose(float(answer), lr), (
+        "That is what divide_by_initial_world_size=False gives. By default DDP divides by the initial world size, "
+        "and the joined ranks contribute zeros.")
+    assert math.isclose(float(answer), want, rel_tol=1e-9), (
+        f"Not quite. The all-reduce adds {ranks_left} real gradient(s) and {world - ranks_left} zero(s), then divides "
+        f"by {world}.")
+    print(f"correct: {lr} x {ranks_left}/{world} = {want:g}: the extra steps move the weights "
+          f"{world / ranks_left:g} times less than a plain step would")
     return True

@@ -1,276 +1,81 @@
-"""Chapter 7: the article's ``ddp_train.py``, made device-agnostic, plus what proves it right.
+"""Chapter 7: what proves the article's ``ddp_train.py`` right, and the launch lines around it.
 
-* :func:`write_ddp_train` writes the script a learner takes away. It is the article's program
-  (SimpleModel, DummyDataset, DistributedSampler with ``set_epoch``, CrossEntropyLoss, SGD, 10 epochs,
-  ``Rank r, Epoch e, ...`` prints); the small helpers it needs (device choice, a free port, atomic
-  checkpoints) are copied into it from this module by source, so the tests here test the script's code.
+The script itself is the lesson, so it lives in the chapter: a ``%%writefile ddp_train.py`` cell of
+``book/07_two_gpu_training.ipynb``, with the article's changes marked by comments. This module holds
+what is not the lesson:
+
+* :func:`script_from_notebook` and :func:`write_ddp_train` take that cell out of the notebook, so the
+  unit tests, the two-node test and ``bench/gpu_check.sh`` run exactly the code a learner reads;
 * :func:`reference_train` trains the same model on one process with the *global* batches DDP sees,
-  for the equivalence check.
-* :func:`torchrun_commands` and :func:`slurm_script` write the multi-node launch lines.
+  for the equivalence check;
+* :func:`torchrun_commands` and :func:`slurm_script` write the multi-node launch lines;
 * ``check_*`` functions are the chapter's exercise self-checks.
 """
 from __future__ import annotations
 
-import inspect
 import io
+import json
 import math
-import os
 import re
 import shlex
-import socket
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-# ---------------------------------------------------------------------------------------------
-# Helpers that ddp_train.py contains verbatim (copied by source; keep them self-contained:
-# they may use only os, socket, tempfile and torch)
-# ---------------------------------------------------------------------------------------------
+CHAPTER = "07_two_gpu_training.ipynb"
+SCRIPT_NAME = "ddp_train.py"
 
+#: What a launcher sets in a rank's environment. The script has its own copy (to start clean under
+#: ``python ddp_train.py``); tests and ``bench/gpu_check.sh`` clear these before they start the script.
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 
 
-def device_and_backend(local_rank, local_world_size):
-    """NCCL on ``cuda:<local rank>`` when every rank on this machine has its own GPU, else gloo on the CPU.
+def free_port() -> int:
+    """A port the OS reports free right now, for tests that start their own rendezvous (the script has its
+    own copy). Another program may take it before it is bound: a test's risk, not a learner's."""
+    import socket
 
-    The article hard-codes ``"nccl"`` and ``.to(rank)``: right on 2×T4, an error on a laptop. The local
-    rank (not the global one) picks the GPU, so the same line is right on the second node of a cluster.
-    """
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
-        return torch.device("cuda", local_rank), "nccl"
-    return torch.device("cpu"), "gloo"
-
-
-def free_port():
-    """A port the OS reports free right now (bind port 0 on loopback, read it, release it).
-
-    The article's fixed 12355 makes two runs on one host (two users, two notebooks) join each other's
-    process group or fail with "address already in use". Another program could still grab this port
-    before rank 0 binds it, but that window is milliseconds, not forever.
-    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def use_own_rendezvous():
-    """Set MASTER_ADDR/MASTER_PORT for the ranks that ``mp.spawn`` starts from this process.
-
-    A MASTER_PORT you exported yourself is kept. If a launcher started this process (RANK is set),
-    its variables describe *its* group and its port is taken by its store, so they are dropped first.
-    """
-    if "RANK" in os.environ:
-        for name in LAUNCHER_VARS:
-            os.environ.pop(name, None)
-    os.environ.setdefault("MASTER_ADDR", "localhost")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-
-
-def save_checkpoint(state, path):
-    """Write ``state`` to a temporary file in the same folder, then rename it over ``path``.
-
-    ``os.replace`` is atomic when both names are on one file system: a reader, or a restart after a
-    crash mid-save, finds the previous complete checkpoint or the new one, never half a file.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".checkpoint-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def load_checkpoint(path, device):
-    """Load onto *this* rank's device. Without ``map_location`` a checkpoint saved from ``cuda:0`` is
-    loaded onto ``cuda:0`` by every rank: all ranks crowd one GPU's memory."""
-    return torch.load(path, map_location=device, weights_only=True)
-
-
-def parameter_checksum(model):
-    """One number per model (float64 sum of every parameter): equal on all ranks after DDP training."""
-    return sum(p.detach().double().sum().item() for p in model.parameters())
-
-
-SCRIPT_HELPERS = (device_and_backend, free_port, use_own_rendezvous, save_checkpoint, load_checkpoint,
-                  parameter_checksum)
-
 # ---------------------------------------------------------------------------------------------
-# The script
+# The script, taken from the chapter's %%writefile cell
 # ---------------------------------------------------------------------------------------------
 
-SCRIPT_TEMPLATE = '''"""ddp_train.py: the article's two-GPU DDP training script, made device-agnostic.
 
-One file for a CPU laptop, a 2xT4 server and a cluster:
-    python ddp_train.py                                   # starts 2 ranks itself (mp.spawn)
-    torchrun --nproc-per-node 2 ddp_train.py              # torchrun starts the ranks
-    torchrun --nnodes 2 --node-rank K --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29400 ddp_train.py
-NCCL + cuda:<local rank> when every local rank has a GPU, gloo + CPU otherwise.
-Small run: python ddp_train.py --epochs 2 --size 1024 --batch-size 32
-"""
-import argparse
-import os
-import socket
-import tempfile
-import time
-
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.optim as optim
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
-
-try:  # optional: when distlab runs this script, losses also reach the notebook as data
-    import distlab
-except ImportError:
-    distlab = None
+def chapter_notebook() -> Path:
+    """Chapter 7's notebook in the checkout this distlab runs from (``src/distlab/teach`` -> ``book/``)."""
+    path = Path(__file__).resolve().parents[3] / "book" / CHAPTER
+    if not path.is_file():
+        raise FileNotFoundError(f"book/{CHAPTER} not found next to {Path(__file__).resolve().parents[3]}; "
+                                "the script lives in the chapter: run from a checkout of the distlab repository.")
+    return path
 
 
-# 1. 定义简单模型 (the model)
-class SimpleModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(10, 100),
-            nn.ReLU(),
-            nn.Linear(100, 50),
-            nn.ReLU(),
-            nn.Linear(50, 2)
-        )
+def script_from_notebook(notebook, name: str = SCRIPT_NAME) -> str:
+    """The text a ``%%writefile <name>`` code cell of ``notebook`` writes (the cell minus its magic line).
 
-    def forward(self, x):
-        return self.net(x)
-
-
-# 2. 定义虚拟数据集 (random data; --seed makes it the same on every rank)
-class DummyDataset(Dataset):
-    def __init__(self, size=10000):
-        self.data = torch.randn(size, 10)
-        self.targets = torch.randint(0, 2, (size,))
-
-    def __len__(self):
-        return len(self.data)
-
-    def __getitem__(self, idx):
-        return self.data[idx], self.targets[idx]
+    Reads the ``.ipynb`` as JSON, so it needs neither Jupyter nor nbformat (the GPU check runs it bare).
+    """
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    found = []
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        first, _, rest = source.partition("\n")
+        if cell["cell_type"] == "code" and first.split() == ["%%writefile", name]:
+            found.append(rest if rest.endswith("\n") else rest + "\n")
+    if len(found) != 1:
+        raise ValueError(f"{notebook}: expected one '%%writefile {name}' cell, found {len(found)}")
+    return found[0]
 
 
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")  # what a launcher sets
-
-__HELPERS__
-
-
-def resume(path, model, optimizer, device):
-    """Every rank loads the same checkpoint onto its own device; returns the epoch to continue from."""
-    if not path or not os.path.exists(path):
-        return 0
-    state = load_checkpoint(path, device)
-    model.module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return state["epoch"]
-
-
-# 3. 训练函数 (training)
-def train(rank, world_size, args):
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    device, backend = device_and_backend(local_rank, local_world_size)
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-
-    torch.manual_seed(args.seed)  # same initial model and same DummyDataset on every rank
-    model = SimpleModel().to(device)
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    criterion = nn.CrossEntropyLoss()
-    optimizer = optim.SGD(model.parameters(), lr=0.01)
-
-    dataset = DummyDataset(size=args.size)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
-    dataloader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-
-    start_epoch = resume(args.checkpoint, model, optimizer, device)
-    total, step, seen = (args.epochs - start_epoch) * len(dataloader), 0, 0
-    start = time.perf_counter()
-    for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)  # 确保每个epoch有不同的shuffle
-        model.train()
-        for batch_idx, (data, target) in enumerate(dataloader):
-            tick = time.perf_counter()
-            data, target = data.to(device), target.to(device)
-            optimizer.zero_grad()
-            output = model(data)
-            loss = criterion(output, target)
-            loss.backward()
-            optimizer.step()
-            step, seen = step + 1, seen + len(data)
-            if distlab is not None:
-                distlab.report(step=step, total=total, epoch=epoch, batch=batch_idx, loss=loss.item(),
-                               step_time=time.perf_counter() - tick)
-            if batch_idx % args.log_every == 0:
-                print(f"Rank {rank}, Epoch {epoch}, Batch {batch_idx}, Loss: {loss.item()}", flush=True)
-        if args.checkpoint:
-            if rank == 0:  # one writer: after DDP's step the parameters are the same on every rank
-                state = {"epoch": epoch + 1, "model": model.module.state_dict(),
-                         "optimizer": optimizer.state_dict()}
-                save_checkpoint(state, args.checkpoint)
-            dist.barrier()  # no rank runs ahead, or exits, before the checkpoint is complete
-
-    samples_per_s = seen * world_size / max(time.perf_counter() - start, 1e-9)
-    if distlab is not None:
-        distlab.report(samples_per_s=samples_per_s)
-    print(f"Rank {rank}, samples/s: {samples_per_s:.0f}", flush=True)
-    print(f"Rank {rank}, parameter checksum: {parameter_checksum(model):.10f}", flush=True)
-    # 清理进程组
-    dist.destroy_process_group()
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="The article's DDP training script, on any device.")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--size", type=int, default=10000, help="samples in DummyDataset")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--seed", type=int, default=0, help="same initial model and data on every rank")
-    p.add_argument("--checkpoint", default="", help="rank 0 saves here after every epoch; resume if it exists")
-    p.add_argument("--log-every", type=int, default=100, help="print every N batches")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="start this many ranks here with mp.spawn (plain `python ddp_train.py`: 2)")
-    return p.parse_args(argv)
-
-
-if __name__ == "__main__":
-    args = parse_args()
-    if "RANK" in os.environ and args.world_size is None:  # torchrun started this process: it is one rank
-        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
-    else:  # python ddp_train.py: start the ranks here, as the article does
-        world_size = args.world_size or 2  # 使用2个GPU
-        use_own_rendezvous()
-        torch.multiprocessing.spawn(train, args=(world_size, args), nprocs=world_size, join=True)
-'''
-
-
-def ddp_train_source() -> str:
-    """The text of ``ddp_train.py``: the template with this module's helpers pasted in by source."""
-    helpers = "\n\n".join(inspect.getsource(fn).rstrip() for fn in SCRIPT_HELPERS)
-    return SCRIPT_TEMPLATE.replace("__HELPERS__", helpers)
-
-
-def write_ddp_train(folder) -> Path:
-    """Write ``ddp_train.py`` into ``folder`` (a temp folder in the chapter) and return its path."""
-    path = Path(folder) / "ddp_train.py"
-    path.write_text(ddp_train_source())
+def write_ddp_train(folder, notebook=None) -> Path:
+    """Write chapter 7's ``ddp_train.py`` into ``folder`` and return its path."""
+    path = Path(folder) / SCRIPT_NAME
+    path.write_text(script_from_notebook(notebook or chapter_notebook()))
     return path
 
 

@@ -70,39 +70,20 @@ def deepspeed_fp32_bytes(psi: int, world_size: int, stage: int) -> ModelStates:
     return ModelStates(base.params, base.grads, base.optimizer, master)
 
 
-def ds_config(stage: int, micro_batch: int = 32, lr: float = 1e-3, *, reduce_bucket_size: int | None = None,
-              param_persistence_threshold: int | None = None) -> dict:
-    """A minimal DeepSpeed config: batch size, an Adam optimizer, and the ZeRO stage.
-
-    ``torch_adam`` makes DeepSpeed build ``torch.optim.Adam`` rather than its FusedAdam, which it
-    would first compile from C++ (minutes on a small CPU). ``adam_w_mode: False`` keeps plain
-    Adam (DeepSpeed's "Adam" means AdamW unless told otherwise). The two bucket/threshold knobs
-    are for measuring: DeepSpeed's default 5e8-element reduce bucket is larger than our models,
-    and stage 3 keeps parameters under 1e5 elements unpartitioned.
-    """
-    zero = {"stage": stage}
-    if reduce_bucket_size is not None:
-        zero["reduce_bucket_size"] = int(reduce_bucket_size)
-    if param_persistence_threshold is not None:
-        zero["stage3_param_persistence_threshold"] = int(param_persistence_threshold)
-    return {
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "Adam", "params": {"lr": lr, "torch_adam": True, "adam_w_mode": False}},
-        "zero_optimization": zero,
-    }
-
-
 def skip_shm_comm_build() -> None:
     """Tell DeepSpeed not to JIT-compile its shared-memory CPU all-reduce kernel.
 
     On the CPU accelerator ``deepspeed.initialize`` compiles that C++ op on first use (146 s on
-    2 shared cores); without it DeepSpeed falls back to torch.distributed (gloo here), which
-    is what we want to watch anyway. ``deepspeed.ops.__compatible_ops__`` is DeepSpeed's own
-    table of ops it may build; marking the op incompatible skips the build.
+    2 shared cores when measured); without it DeepSpeed falls back to torch.distributed (gloo
+    here), which is what we want to watch anyway. ``deepspeed.ops.__compatible_ops__`` is a
+    PRIVATE DeepSpeed table of the ops it may build (no public switch exists): marking the op
+    incompatible skips the build. A DeepSpeed upgrade may rename it; the tests check it is there.
     """
     import deepspeed.ops
 
+    if "deepspeed_shm_comm" not in deepspeed.ops.__compatible_ops__:
+        raise RuntimeError("DeepSpeed's private op table has no 'deepspeed_shm_comm' entry any more: this "
+                           "workaround no longer applies; find the new switch or let DeepSpeed build the op.")
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
@@ -434,4 +415,16 @@ def check_adam_scale(answer) -> bool:
         "sqrt(v) by |c| as well.")
     print(f"correct: measured ratio {expected:.6f} (SGD's would be 2): a missing average over ranks barely shows "
           "in Adam's losses, which is one reason this chapter checks the math with SGD.")
+    return True
+
+
+def check_zero1_load(answer, world_size: int) -> bool:
+    """Exercise 5: which ranks call ``ZeroRedundancyOptimizer.load_state_dict`` with rank 0's consolidated file."""
+    if _no_answer(answer, "a list of ranks"):
+        return False
+    ranks = sorted(int(r) for r in answer)
+    assert ranks != [0], ("Rank 0 saved the file, but every rank's optimizer holds a share: each must load the "
+                          "consolidated state and keep the part it owns.")
+    assert ranks == list(range(world_size)), f"Not quite: {answer!r}. Which ranks hold optimizer state?"
+    print("correct: every rank calls load_state_dict with the whole state and keeps its own partition")
     return True
