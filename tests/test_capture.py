@@ -353,8 +353,11 @@ def test_a_view_passed_twice_arrives_as_one_tensor(run_as_rank0):
 
 def test_a_namedtuple_argument_keeps_its_type_and_ships_only_its_elements(run_as_rank0, tmp_path):
     big = torch.arange(1_000_000.0)
-    ns = run_cells("def work(rank, pair):\n    return type(pair).__name__, pair.first.tolist(), pair.second\n")
-    assert run_as_rank0(ns["work"], args=(Pair(big[2:4], "label"),))[0] == ("Pair", [2.0, 3.0], "label")
+    ns = run_cells("def work(rank, pair, same):\n"
+                   "    return type(pair).__name__, pair.first.tolist(), pair.second, same.first is same.second\n")
+    view = big[:1]
+    args = (Pair(big[2:4], "label"), Pair(view, view))
+    assert run_as_rank0(ns["work"], args=args)[0] == ("Pair", [2.0, 3.0], "label", True)
     assert _data_file(tmp_path, "args").stat().st_size < 20_000
 
 
@@ -387,3 +390,65 @@ def test_a_bound_method_global_travels_with_its_object(run_as_rank0):
                    "def work(rank):\n    return str(limit(10))\n")
     returned, text = run_as_rank0(ns["work"])
     assert returned == "1/3" and "Fraction.limit_denominator" not in text
+
+
+def test_the_script_a_person_reads_word_for_word():
+    import functools
+
+    ns = run_cells(
+        "import math\nimport torch\nfrom collections import OrderedDict\n",
+        "SCALE = 2\nWEIGHTS = torch.ones(2)\n",
+        "class Acc:\n    def __init__(self):\n        self.total = OrderedDict()\n",
+        "Total = Acc\n",
+        "def work(rank, n, scale=1):\n    acc = Total()\n"
+        "    return math.sqrt(n) * SCALE * scale + WEIGHTS.sum().item()\n",
+    )
+    cap = capture(functools.partial(ns["work"], scale=3))
+    text = render(cap, args=(torch.ones(1),), nprocs=2, style="launch", backend="gloo", filename="work.py")
+    assert text == '''"""Worker script written by distlab for `work` (2 ranks, launch style).
+
+Run it yourself, outside the notebook:
+    python work.py                                    # starts 2 ranks with torch.multiprocessing.spawn
+    torchrun --standalone --nproc-per-node 2 work.py  # torchrun starts the 2 ranks
+"""
+
+import distlab.worker as _distlab  # distlab's worker runtime: main(), load_data()
+import functools
+import math
+from collections import OrderedDict
+
+# Constants from the notebook
+SCALE = 2
+
+
+class Acc:
+    def __init__(self):
+        self.total = OrderedDict()
+
+
+Total = Acc
+
+
+def work(rank, n, scale=1):
+    acc = Total()
+    return math.sqrt(n) * SCALE * scale + WEIGHTS.sum().item()
+
+
+# Values from the notebook that are not source code: saved next to this script
+globals().update(_distlab.load_data(__file__, "values"))
+
+
+# fn was a functools.partial: the same one, rebuilt
+work_partial = functools.partial(work, scale=3)
+
+
+if __name__ == "__main__":
+    _distlab.main(work_partial, args=_distlab.load_data(__file__, "args"), nprocs=2, style='launch', backend='gloo')
+'''
+
+
+def test_objects_that_are_not_containers_pass_unchanged(run_as_rank0):
+    import ast as syntax
+
+    ns = run_cells("import ast\n", "def work(rank, tree):\n    return ast.dump(tree)\n")
+    assert run_as_rank0(ns["work"], args=(syntax.parse("x = 1"),))[0] == syntax.dump(syntax.parse("x = 1"))

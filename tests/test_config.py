@@ -43,7 +43,8 @@ def test_bound_method_is_refused():
         def f(self, rank):
             pass
 
-    with pytest.raises(LaunchArgumentError, match="is a bound method. Pass a top-level function instead."):
+    with pytest.raises(LaunchArgumentError, match=r"^distlab: invalid argument fn=<bound method .*>: is a bound "
+                                                  r"method\. Pass a top-level function instead\.$"):
         check_function(A().f)
 
 

@@ -6,15 +6,23 @@ from .capture import Captured, is_literal
 HEADER = '''"""Worker script written by distlab for `{entry}` ({nprocs} ranks, {style} style).
 
 Run it yourself, outside the notebook:
-    python {filename}                          # starts {nprocs} ranks with torch.multiprocessing.spawn
-    torchrun --standalone --nproc-per-node {nprocs} {filename}
+    {python}  # starts {nprocs} ranks with torch.multiprocessing.spawn
+    {torchrun}  # torchrun starts the {nprocs} ranks
 """
 '''
 
 
+def header(entry: str, nprocs: int, style: str, filename: str) -> str:
+    """The docstring that says how to run the script by hand (both commands, comments aligned)."""
+    python, torchrun = f"python {filename}", f"torchrun --standalone --nproc-per-node {nprocs} {filename}"
+    width = max(len(python), len(torchrun))
+    return HEADER.format(entry=entry, nprocs=nprocs, style=style, python=python.ljust(width),
+                         torchrun=torchrun.ljust(width))
+
+
 def render(cap: Captured, *, args: tuple, nprocs: int, style: str, backend: str, filename: str) -> str:
     """The script text. ``args`` appear inline when they are literals, else load from args.pt."""
-    parts = [HEADER.format(entry=cap.entry, nprocs=nprocs, style=style, filename=filename)]
+    parts = [header(cap.entry, nprocs, style, filename)]
     if cap.future_annotations:  # as in the notebook: annotations stay unevaluated (they may name later classes)
         parts.append("from __future__ import annotations")
     parts.append("import distlab.worker as _distlab  # distlab's worker runtime: main(), load_data()")
