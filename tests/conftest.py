@@ -34,3 +34,36 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{ex.seconds:6.1f} s  {name}  {status}")
     total = sum(ex.seconds for ex in _BOOK["executions"].values())
     terminalreporter.write_line(f"{total:6.1f} s  all chapters")
+
+
+@pytest.fixture
+def run_as_rank0(tmp_path, monkeypatch):
+    """``run(fn, args)`` -> (what rank 0's fn returned, the script text), through ``distlab.spawn``.
+
+    Nothing is launched: the engine is replaced by running the generated script in this process
+    the way ``RANK=0 python script.py`` would, so a test sees what a worker would see.
+    """
+    import runpy
+
+    import distlab
+    import distlab.worker
+    from distlab import engine
+
+    monkeypatch.setenv("DISTLAB_RUNS", str(tmp_path / "runs"))
+    returned = {}
+    monkeypatch.setattr(distlab.worker, "_save_return", lambda rank, value: returned.setdefault(rank, value))
+
+    def execute(plan, view, **kwargs):
+        monkeypatch.setenv("RANK", "0")
+        runpy.run_path(str(plan.script), run_name="__main__")
+        monkeypatch.delenv("RANK")
+        return plan.script
+
+    monkeypatch.setattr(engine, "execute", execute)
+
+    def run(fn, args=()):
+        returned.clear()
+        script = distlab.spawn(fn, args=args, nprocs=1, view=None)
+        return returned[0], script.read_text()
+
+    return run

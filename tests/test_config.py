@@ -2,7 +2,19 @@
 import pytest
 
 from distlab import LaunchArgumentError
-from distlab.config import check_args, check_backend, check_function, check_positive_int, check_timeout, choose_backend
+from distlab.config import (
+    check_args,
+    check_backend,
+    check_function,
+    check_max_restarts,
+    check_node_rank,
+    check_positive_int,
+    check_rdzv_endpoint,
+    check_script_args,
+    check_timeout,
+    check_view,
+    choose_backend,
+)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
@@ -31,7 +43,8 @@ def test_bound_method_is_refused():
         def f(self, rank):
             pass
 
-    with pytest.raises(LaunchArgumentError, match="is a bound method. Pass a top-level function instead."):
+    with pytest.raises(LaunchArgumentError, match=r"^distlab: invalid argument fn=<bound method .*>: is a bound "
+                                                  r"method\. Pass a top-level function instead\.$"):
         check_function(A().f)
 
 
@@ -59,3 +72,204 @@ def test_timeout(bad):
     with pytest.raises(LaunchArgumentError, match="must be a positive number of seconds or None"):
         check_timeout(bad)
     assert check_timeout(None) is None and check_timeout(2) == 2.0
+
+
+@pytest.mark.parametrize("world,gpus", [(1, 1), (2, 2), (2, 8)])
+def test_nccl_is_accepted_with_a_gpu_per_rank(world, gpus):
+    check_backend("nccl", world, gpus)  # the README's 2xT4 path: must not raise
+    assert choose_backend("nccl", world, gpus) == "nccl"
+
+
+@pytest.mark.parametrize("requested", ["gloo", "nccl"])
+def test_an_explicit_backend_is_kept(requested):
+    assert choose_backend(requested, 1, 4) == requested
+
+
+def test_gloo_is_accepted_without_gpus():
+    assert choose_backend("gloo", 4, 0) == "gloo"
+
+
+def test_fn_may_be_decorated_or_a_partial():
+    import functools
+
+    import torch
+
+    def work(rank, scale=1):
+        return rank * scale
+
+    check_function(functools.partial(work, scale=2))
+    check_function(functools.partial(functools.partial(work), 3))
+    check_function(torch.no_grad()(work))
+    check_function(functools.lru_cache(work))
+
+
+def test_partial_of_a_builtin_or_a_bound_method_is_refused():
+    import functools
+
+    class A:
+        def f(self, rank):
+            pass
+
+    with pytest.raises(LaunchArgumentError, match="must be a Python function, not builtin_function_or_method"):
+        check_function(functools.partial(print, "x"))
+    with pytest.raises(LaunchArgumentError, match="is a bound method"):
+        check_function(functools.partial(A().f))
+
+
+@pytest.mark.parametrize("good", [0, 1, 7])
+def test_max_restarts_accepts_non_negative_ints(good):
+    assert check_max_restarts(good) == good
+
+
+@pytest.mark.parametrize("bad", [-5, -1, 1.5, "1", True, None])
+def test_max_restarts_must_be_a_non_negative_int(bad):
+    with pytest.raises(LaunchArgumentError) as e:
+        check_max_restarts(bad)
+    assert str(e.value) == (f"distlab: invalid argument max_restarts={bad!r}: must be a non-negative integer. "
+                            "For example max_restarts=1.")
+
+
+@pytest.mark.parametrize("view", ["auto", "text", "widgets", "none", None])
+def test_view_names(view):
+    assert check_view(view) == view
+
+
+def test_view_object_with_the_three_methods():
+    class Recorder:
+        def line(self, rank, text): ...
+        def metric(self, rank, row): ...
+        def close(self): ...
+
+    recorder = Recorder()
+    assert check_view(recorder) is recorder
+
+
+@pytest.mark.parametrize("bad,problem", [
+    ("txt", r"unknown view; choose one of \('auto', 'text', 'widgets', 'none', None\). Or pass an object with "
+            r"line\(rank, text\), metric\(rank, row\) and close\(\)\."),
+    (True, r"has no line\(\), metric\(\), close\(\) method. A view object needs"),
+    (type("HalfView", (), {"line": lambda self, r, t: None, "close": 3})(), r"has no metric\(\), close\(\) method"),
+])
+def test_unknown_view_is_refused(bad, problem):
+    with pytest.raises(LaunchArgumentError, match=problem):
+        check_view(bad)
+
+
+@pytest.mark.parametrize("node_rank,nnodes", [(0, 1), (1, 2), (3, 4)])
+def test_node_rank_in_range(node_rank, nnodes):
+    assert check_node_rank(node_rank, nnodes) == node_rank
+
+
+@pytest.mark.parametrize("node_rank,nnodes,problem", [
+    (2, 2, r"node_rank=2: must be below nnodes=2. Number the machines 0 to nnodes - 1"),
+    (1, 1, r"node_rank=1: must be below nnodes=1"),
+    (-1, 2, r"node_rank=-1: must be a non-negative integer. For example node_rank=0 on the first machine."),
+    ("0", 2, r"node_rank='0': must be a non-negative integer"),
+])
+def test_node_rank_out_of_range(node_rank, nnodes, problem):
+    with pytest.raises(LaunchArgumentError, match=problem):
+        check_node_rank(node_rank, nnodes)
+
+
+@pytest.mark.parametrize("endpoint,nnodes", [("", 1), ("10.0.0.1:29400", 2), ("node-1.cluster", 2),
+                                             ("[::1]:29400", 2), ("localhost:1", 1), ("h:65535", 2)])
+def test_rdzv_endpoint_shapes(endpoint, nnodes):
+    assert check_rdzv_endpoint(endpoint, nnodes) == endpoint
+
+
+def test_bad_rdzv_endpoint_word_for_word():
+    with pytest.raises(LaunchArgumentError) as e:
+        check_rdzv_endpoint("host:0", 2)
+    assert str(e.value) == ("distlab: invalid argument rdzv_endpoint='host:0': must be HOST or HOST:PORT with a port "
+                            "from 1 to 65535. For example \"10.0.0.1:29400\" (node 0's address).")
+    assert e.value.name == "rdzv_endpoint"
+    with pytest.raises(LaunchArgumentError) as e:
+        check_rdzv_endpoint(29400, 2)
+    assert str(e.value) == ("distlab: invalid argument rdzv_endpoint=29400: must be a string, not int. "
+                            "For example \"10.0.0.1:29400\".")
+
+
+@pytest.mark.parametrize("endpoint,problem", [
+    ("", r"rdzv_endpoint='': is needed when nnodes > 1. For example \"127.0.0.1:29400\"."),
+    ("host:0", "must be HOST or HOST:PORT with a port from 1 to 65535"),
+    ("host:65536", "must be HOST or HOST:PORT"),
+    ("host:port", "must be HOST or HOST:PORT"),
+    ("http://host:29400", "must be HOST or HOST:PORT"),
+    ("a b:1", "must be HOST or HOST:PORT"),
+    (29400, "rdzv_endpoint=29400: must be a string, not int"),
+])
+def test_bad_rdzv_endpoint(endpoint, problem):
+    with pytest.raises(LaunchArgumentError, match=problem):
+        check_rdzv_endpoint(endpoint, 2)
+
+
+def test_script_args_become_command_line_words():
+    from pathlib import Path
+
+    class Dataset:  # a path-like object whose str() is not its path
+        def __fspath__(self):
+            return "data/train"
+
+        def __str__(self):
+            return "<Dataset>"
+
+    assert check_script_args(["--epochs", 2, 0.5, Path("data"), Dataset()]) == [
+        "--epochs", "2", "0.5", "data", "data/train"]
+    assert check_script_args(()) == []
+
+
+def test_bad_script_args_word_for_word():
+    with pytest.raises(LaunchArgumentError) as e:
+        check_script_args("--epochs 2")
+    assert str(e.value) == ("distlab: invalid argument args='--epochs 2': must be a list of command-line arguments, "
+                            "not str. For example args=[\"--epochs\", 2].")
+    with pytest.raises(LaunchArgumentError) as e:
+        check_script_args(["--fast", None])
+    assert str(e.value) == ("distlab: invalid argument args=['--fast', None]: None is not a string, number or path. "
+                            "Each item becomes one command-line word.")
+
+
+@pytest.mark.parametrize("bad,problem", [
+    ("--epochs 2", "must be a list of command-line arguments, not str"),
+    (None, "must be a list of command-line arguments, not NoneType"),
+    (["--fast", True], "True is not a string, number or path"),
+    (["--cfg", {"a": 1}], r"\{'a': 1\} is not a string, number or path. Each item becomes one command-line word."),
+])
+def test_bad_script_args(bad, problem):
+    with pytest.raises(LaunchArgumentError, match=problem):
+        check_script_args(bad)
+
+
+def test_cuda_device_count_is_zero_without_cuda_and_never_asks_for_devices(monkeypatch):
+    import torch
+
+    from distlab.config import cuda_device_count
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("asked for devices without CUDA"))
+    assert cuda_device_count() == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert cuda_device_count() == 3
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: check_view("txt"),
+     "view='txt': unknown view; choose one of ('auto', 'text', 'widgets', 'none', None). Or pass an object with "
+     "line(rank, text), metric(rank, row) and close()."),
+    (lambda: check_view(3),
+     "view=3: has no line(), metric(), close() method. A view object needs line(rank, text), metric(rank, row) "
+     "and close()."),
+    (lambda: check_node_rank(2, 2), "node_rank=2: must be below nnodes=2. Number the machines 0 to nnodes - 1, "
+                                    "one number each."),
+    (lambda: check_node_rank(-1, 2), "node_rank=-1: must be a non-negative integer. For example node_rank=0 on the "
+                                     "first machine."),
+    (lambda: check_timeout(-2), "timeout=-2: must be a positive number of seconds or None."),
+    (lambda: check_backend("mpi", 2, 0), "backend='mpi': unknown backend; choose one of ('auto', 'gloo', 'nccl')."),
+    (lambda: check_function("demo"), "fn='demo': must be a Python function, not str. Define it with `def` in a cell "
+                                     "or a module."),
+])
+def test_argument_errors_word_for_word(call, message):
+    with pytest.raises(LaunchArgumentError) as e:
+        call()
+    assert str(e.value) == "distlab: invalid argument " + message

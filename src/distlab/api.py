@@ -61,18 +61,19 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     if mode == "python" and (nproc != 1 or nnodes != 1):
         raise LaunchArgumentError("nproc_per_node", nproc,
                                   'must be 1 with mode="python" (the script starts its own ranks)')
-    if nnodes > 1 and not rdzv_endpoint:
-        raise LaunchArgumentError("rdzv_endpoint", rdzv_endpoint, "is needed when nnodes > 1",
-                                  'For example "127.0.0.1:29400".')
-    timeout = config.check_timeout(timeout)
+    target_args, timeout = config.check_script_args(args), config.check_timeout(timeout)
+    node_rank = config.check_node_rank(node_rank, nnodes)
+    rdzv_endpoint = config.check_rdzv_endpoint(rdzv_endpoint, nnodes)
+    view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
     check_torch()
     plan = engine.Plan(
         run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
-        target_args=[str(a) for a in args], timeout=timeout,
+        target_args=target_args, timeout=timeout,
         max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
         plain_python=mode == "python", rdzv_id=rdzv_id,
     )
     return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
+
 
 
 def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
@@ -81,12 +82,14 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     args = config.check_args(args)
     nprocs = config.check_positive_int("nprocs", nprocs)
     timeout = config.check_timeout(timeout)
+    view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
     config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
     check_torch()
-    run_dir = engine.new_run_dir(fn.__name__)
+    args = capture.compact(args)  # a small view of a large tensor travels as its own elements
+    run_dir = engine.new_run_dir(captured.entry)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
-    origins.save(path, fn.__globals__)  # liveview: worker tracebacks name the notebook cell of each frame
+    origins.save(path, getattr(fn, "func", fn).__globals__)  # worker tracebacks name the notebook cell
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
                        max_restarts=max_restarts, script=path)
     if join:
@@ -168,6 +171,9 @@ def device(rank: int | None = None):
 
 
 def backend(world_size: int | None = None) -> str:
-    """The backend ``auto`` picks here: NCCL with one GPU per rank, else gloo."""
-    world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    """The backend ``auto`` picks here: NCCL with one GPU per rank on this machine, else gloo.
+
+    Inside a multi-node run only this node's ranks (LOCAL_WORLD_SIZE) need a GPU here."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    world = int(local) if world_size is None else world_size
     return config.choose_backend("auto", world, config.cuda_device_count())

@@ -3,28 +3,30 @@
 ``torch.multiprocessing.spawn`` pickles ``fn`` by reference (``__main__.fn``), and a fresh
 interpreter has no notebook ``__main__`` to find it in. So distlab writes the code itself into
 a script: the function, the notebook classes and helpers it uses (found by the global names
-its bytecode loads), the imports and aliases those names come from, and simple constants.
-Values that are not source (tensors, objects) travel next to the script as a data file.
+its bytecode loads, annotations and decorators included), the imports and aliases those names
+come from, and simple constants. Values that are not source (tensors, objects) travel next to
+the script as a data file.
 """
 from __future__ import annotations
+import __future__
 
 import ast
 import builtins
 import dis
+import functools
 import importlib
 import inspect
 import io
-import linecache
 import pickle
-import re
-import textwrap
+import sys
 import types
 from dataclasses import dataclass, field
 
+from . import source
 from .errors import CaptureError
+from .source import is_literal  # noqa: F401  (part of this module's interface)
 
-LITERAL_TYPES = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set, frozenset)
-MAX_LITERAL_CHARS = 2000
+FUTURE_ANNOTATIONS = __future__.annotations.compiler_flag
 
 
 @dataclass
@@ -36,6 +38,9 @@ class Captured:
     constants: list[str] = field(default_factory=list)
     definitions: list[str] = field(default_factory=list)
     values: dict[str, object] = field(default_factory=dict)
+    call: str = ""  # what the script hands to main(): the entry, or the name of a rebuilt partial
+    bind: str = ""  # the line that rebuilds a functools.partial, after the values are loaded
+    future_annotations: bool = False  # the notebook compiled with `from __future__ import annotations`
     _seen: set = field(default_factory=set, repr=False)
 
     def add(self, section: list[str], line: str) -> None:
@@ -44,54 +49,86 @@ class Captured:
 
 
 def capture(fn, args: tuple = (), namespace: dict | None = None) -> Captured:
-    """Collect ``fn`` and everything it reaches from ``namespace`` (the notebook's globals)."""
-    if fn.__code__.co_freevars:
-        raise CaptureError(
-            f"function {fn.__name__!r}", f"it is a closure over {', '.join(fn.__code__.co_freevars)}",
-            "Define it at the top level of a cell and pass those values through args=.",
-        )
-    ns = fn.__globals__ if namespace is None else namespace
-    cap = Captured(entry=fn.__name__)
-    _visit(fn, fn.__name__, ns, cap)
+    """Collect ``fn`` and everything it reaches from ``namespace`` (the notebook's globals).
+
+    ``fn`` may be decorated (``functools.wraps``) or a ``functools.partial`` of such a function.
+    """
+    func = fn.func if isinstance(fn, functools.partial) else fn
+    ns = source.unwrap(func).__globals__ if namespace is None else namespace
+    cap = Captured(entry=func.__name__, call=func.__name__)
+    cap.future_annotations = ns.get("annotations") is __future__.annotations
+    _visit(func, ns, cap)
+    if isinstance(fn, functools.partial):
+        _bind_partial(fn, ns, cap)
     for cls in notebook_classes_in(args, ns):
-        _visit(cls, cls.__name__, ns, cap)
+        _visit(cls, ns, cap)
     return cap
 
 
-def _visit(obj, name: str, ns: dict, cap: Captured) -> None:
+def _bind_partial(partial: functools.partial, ns: dict, cap: Captured) -> None:
+    """Rebuild ``functools.partial(fn, ...)`` in the script: inline when its arguments are literals."""
+    name = f"{cap.entry}_partial"
+    cap.add(cap.imports, "import functools")
+    if is_literal((partial.args, partial.keywords)) and all(k.isidentifier() for k in partial.keywords):
+        bound = [repr(a) for a in partial.args] + [f"{k}={v!r}" for k, v in partial.keywords.items()]
+        cap.bind = f"{name} = functools.partial({', '.join([cap.entry, *bound])})"
+    else:
+        what = f"the arguments functools.partial binds to {cap.entry!r}"
+        for cls in notebook_classes_in((partial.args, partial.keywords), ns, what):
+            _visit(cls, ns, cap)
+        cap.values[f"{name}_args"] = compact(partial.args)
+        cap.values[f"{name}_keywords"] = compact(partial.keywords)
+        cap.bind = f"{name} = functools.partial({cap.entry}, *{name}_args, **{name}_keywords)"
+    cap.call = name
+
+
+def _visit(obj, ns: dict, cap: Captured) -> None:
     """Add ``obj`` (a notebook function or class) after everything its source refers to."""
     if id(obj) in cap._seen:
         return
     cap._seen.add(id(obj))
-    source = source_of(obj, ns)
-    for used in global_names(source):
-        if used not in ns:
-            continue  # a builtin, or a name the code defines at run time
-        _resolve(used, ns[used], ns, cap)
-    cap.add(cap.definitions, source)
+    if inspect.isclass(obj):
+        text, differences = _class_text(obj, ns)
+    else:
+        text, differences = _function_text(obj, ns, cap), []
+    _resolve_names(text, ns, cap)
+    patches = [_patch(obj, d, ns, cap) for d in differences]
+    if patches:
+        text += "# changed in the notebook after the class was defined:\n" + "".join(p + "\n" for p in patches)
+    cap.add(cap.definitions, text)
+
+
+def _resolve_names(text: str, ns: dict, cap: Captured) -> None:
+    for used in global_names(text):
+        if used in ns:  # else a builtin, or a name the code defines at run time
+            _resolve(used, ns[used], ns, cap)
 
 
 def _resolve(name: str, value, ns: dict, cap: Captured) -> None:
     if isinstance(value, types.ModuleType):
         cap.add(cap.imports, import_line(value.__name__, None, name))
     elif is_notebook_object(value, ns):
-        _visit(value, value.__name__, ns, cap)
-        if value.__name__ != name:
-            cap.add(cap.constants, f"{name} = {value.__name__}")
+        _visit(value, ns, cap)
+        if value.__name__ != name:  # an alias: after the definition it names
+            cap.add(cap.definitions, f"{name} = {value.__name__}\n")
     elif (where := importable_location(value)) is not None:
         cap.add(cap.imports, import_line(where[0], where[1], name))
     elif is_literal(value):
         cap.add(cap.constants, f"{name} = {value!r}")
     else:
         for cls in notebook_classes_in(value, ns, f"the global {name!r} ({type(value).__name__})"):
-            _visit(cls, cls.__name__, ns, cap)
-        cap.values[name] = value
+            _visit(cls, ns, cap)
+        cap.values[name] = compact(value)
 
 
-def global_names(source: str) -> list[str]:
-    """Global names the code loads, in order of first use (bytecode, so locals never count)."""
+def global_names(text: str) -> list[str]:
+    """Global names the code loads, in order of first use (bytecode, so locals never count).
+
+    Compiled without this module's own ``from __future__ import annotations`` (``dont_inherit``):
+    with it, annotations would be strings and the names they use would never be shipped.
+    """
     found: dict[str, None] = {}
-    stack = [compile(source, "<distlab-capture>", "exec")]
+    stack = [compile(text, "<distlab-capture>", "exec", dont_inherit=True)]
     while stack:
         code = stack.pop(0)
         instructions = list(dis.get_instructions(code))
@@ -105,16 +142,18 @@ def global_names(source: str) -> list[str]:
 
 
 def is_notebook_object(value, ns: dict) -> bool:
-    """Functions and classes defined in the notebook's own namespace (module ``__main__``)."""
-    if not (inspect.isfunction(value) or inspect.isclass(value)):
+    """Functions and classes defined in the notebook's own namespace (module ``__main__``),
+    also behind a ``functools.wraps`` decorator (``lru_cache``, ``torch.no_grad()``)."""
+    target = source.unwrap(value)
+    if not (inspect.isfunction(target) or inspect.isclass(target)):
         return False
-    return getattr(value, "__module__", None) == ns.get("__name__", "__main__")
+    return getattr(target, "__module__", None) == ns.get("__name__", "__main__")
 
 
 def importable_location(value) -> tuple[str, str] | None:
     """(module, qualname) when a fresh interpreter can import ``value`` by name."""
     module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not module or not qualname or module == "__main__" or "<" in qualname:
+    if not module or not qualname:
         return None
     try:
         obj = importlib.import_module(module)
@@ -134,26 +173,6 @@ def import_line(module: str, qualname: str | None, name: str) -> str:
     if head != qualname:
         return f"from {module} import {head}; {name} = {qualname}"
     return f"from {module} import {qualname}" if qualname == name else f"from {module} import {qualname} as {name}"
-
-
-def is_literal(value) -> bool:
-    if not _literal_types_only(value):
-        return False
-    text = repr(value)
-    try:
-        return len(text) <= MAX_LITERAL_CHARS and ast.literal_eval(text) == value
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return False
-
-
-def _literal_types_only(value) -> bool:
-    if type(value) not in LITERAL_TYPES:
-        return False
-    if isinstance(value, dict):
-        return all(_literal_types_only(k) and _literal_types_only(v) for k, v in value.items())
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return all(_literal_types_only(v) for v in value)
-    return True
 
 
 def notebook_classes_in(value, ns: dict, what: str = "an argument") -> list:
@@ -182,58 +201,104 @@ def notebook_classes_in(value, ns: dict, what: str = "an argument") -> list:
     return found
 
 
-# --- source recovery -------------------------------------------------------------------------
 
-def source_of(obj, ns: dict) -> str:
-    """Source of a notebook function or class.
 
-    Functions: ``inspect.getsource`` (IPython registers each cell in ``linecache``).
-    Classes: on Python 3.11 ``getsource`` raises ``OSError`` for a class made in a kernel cell,
-    so find its ``class`` line above one of its methods in that cell's ``linecache`` entry,
-    and last of all search the kernel's input history (``In``).
-    """
-    if getattr(obj, "__name__", "") == "<lambda>":
+# --- source of functions and classes ---------------------------------------------------------
+
+def _function_text(fn, ns: dict, cap: Captured) -> str:
+    """A notebook function's ``def``, with its decorator lines; refused when that text would not
+    make the same function on the workers (a closure, a lambda, a wrapper applied by hand)."""
+    name = getattr(fn, "__name__", "")
+    if name == "<lambda>":
         raise CaptureError("a lambda", "a lambda has no name to call it by in a script", "Define it with def.")
-    try:
-        return textwrap.dedent(inspect.getsource(obj))
-    except (OSError, TypeError):
-        pass
-    if inspect.isclass(obj) and (text := _class_source_from_methods(obj)):
-        return text
-    if text := _source_from_history(obj.__name__, ns):
-        return text
+    written = source.unwrap(fn)
+    if written.__code__.co_freevars:
+        raise CaptureError(
+            f"function {name!r}", f"it is a closure over {', '.join(written.__code__.co_freevars)}",
+            "Define it at the top level of a cell and pass those values through args= "
+            "(a decorator must use functools.wraps for distlab to ship what it decorates).",
+        )
+    cap.future_annotations |= bool(written.__code__.co_flags & FUTURE_ANNOTATIONS)
+    text = source.function_source(fn, ns)
+    if text is None:
+        raise _not_found("function", name)
+    decorators = len(ast.parse(text).body[0].decorator_list)
+    if source.wrapper_layers(fn) > decorators:
+        raise CaptureError(
+            f"function {name!r}", f"it is wrapped {source.wrapper_layers(fn)} time(s) but its source has "
+            f"{decorators} decorator line(s): it was wrapped by a call outside its def",
+            "Write the wrapper as a decorator line (@wrapper) above the def, and re-run that cell.",
+        )
+    return text
+
+
+def _class_text(cls, ns: dict) -> tuple[str, list]:
+    found = source.class_source(cls, ns)
+    if found is None:
+        raise _not_found("class", cls.__name__)
+    return found
+
+
+def _not_found(kind: str, name: str) -> CaptureError:
+    return CaptureError(f"{kind} {name!r}", "its source code could not be found",
+                        "Re-run the cell that defines it, or move it to a .py module and import it.")
+
+
+def _patch(cls, difference, ns: dict, cap: Captured) -> str:
+    """A line that makes the shipped class what the live class became after its cell ran."""
+    target, value = f"{cls.__name__}.{difference.name}", difference.value
+    if difference.kind == "deleted":
+        return f"del {target}"
+    if is_literal(value):
+        return f"{target} = {value!r}"
+    if inspect.isfunction(value) and is_notebook_object(value, ns) and ns.get(value.__name__) is value:
+        _visit(value, ns, cap)
+        return f"{target} = {value.__name__}"
     raise CaptureError(
-        f"{'class' if inspect.isclass(obj) else 'function'} {obj.__name__!r}",
-        "its source code could not be found",
-        "Re-run the cell that defines it, or move it to a .py module and import it.",
+        f"class {cls.__name__!r}",
+        f"{target} was {difference.kind} after the class was defined (it is now a {type(value).__name__}), "
+        "so the class's source no longer describes it and that change cannot be written as source",
+        "Make the change inside the class body and re-run that cell, or move the class to a .py module.",
     )
 
 
-def _class_source_from_methods(cls) -> str | None:
-    pattern = re.compile(rf"^\s*class\s+{re.escape(cls.__name__)}\b")
-    for member in vars(cls).values():
-        func = getattr(member, "__func__", getattr(member, "fget", member))
-        code = getattr(func, "__code__", None)
-        if code is None or not func.__qualname__.startswith(cls.__qualname__ + "."):
-            continue
-        lines = linecache.getlines(code.co_filename)
-        for start in range(min(code.co_firstlineno, len(lines)) - 1, -1, -1):
-            if pattern.match(lines[start]):
-                while start > 0 and lines[start - 1].lstrip().startswith("@"):
-                    start -= 1
-                return textwrap.dedent("".join(inspect.getblock(lines[start:])))
-    return None
+# --- data that travels next to the script ----------------------------------------------------
+
+def compact(value, _memo: dict | None = None):
+    """``value`` with every tensor view that is smaller than its storage replaced by a copy.
+
+    ``torch.save`` writes a tensor's whole storage: a 4-element view of a large tensor would
+    write all of it. Tuples (namedtuples too), lists and dicts are searched; other objects are
+    kept as they are. A tensor passed twice stays one tensor (``_memo``: id -> its copy).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return value
+    memo = {} if _memo is None else _memo
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, torch.Tensor):
+        result = _compact_tensor(torch, value)
+    elif type(value) in (list, tuple):
+        result = type(value)(compact(v, memo) for v in value)
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        result = type(value)(*(compact(v, memo) for v in value))
+    elif type(value) is dict:
+        result = {k: compact(v, memo) for k, v in value.items()}
+    else:
+        result = value
+    memo[id(value)] = result
+    return result
 
 
-def _source_from_history(name: str, ns: dict) -> str | None:
-    """The last kernel input that defines ``name`` at top level (IPython keeps them in ``In``)."""
-    for cell in reversed(ns.get("In", []) or []):
-        try:
-            tree = ast.parse(cell)
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                return "\n".join(cell.splitlines()[first - 1:node.end_lineno]) + "\n"
-    return None
+def _compact_tensor(torch, tensor):
+    try:
+        stored = tensor.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):  # sparse, meta and other storage-less tensors
+        return tensor
+    if stored <= tensor.numel() * tensor.element_size():
+        return tensor
+    copy = tensor.detach().clone()
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
+    return copy.requires_grad_(tensor.requires_grad)

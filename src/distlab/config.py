@@ -5,8 +5,11 @@ bad arguments fail before any worker exists.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import numbers
+import os
+import re
 
 from .errors import LaunchArgumentError
 
@@ -46,9 +49,14 @@ def check_positive_int(name: str, value) -> int:
 
 
 def check_function(fn) -> None:
-    """Workers re-create `fn` from source, so it must be a plain top-level Python function."""
+    """Workers re-create `fn` from source, so it must be a plain top-level Python function,
+    possibly decorated (with ``functools.wraps``) or bound with ``functools.partial``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     if inspect.ismethod(fn):
         raise LaunchArgumentError("fn", fn, "is a bound method", "Pass a top-level function instead.")
+    if hasattr(fn, "__wrapped__"):
+        fn = inspect.unwrap(fn)
     if not inspect.isfunction(fn):
         raise LaunchArgumentError(
             "fn", fn, f"must be a Python function, not {type(fn).__name__}",
@@ -69,3 +77,69 @@ def check_timeout(timeout) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0:
         raise LaunchArgumentError("timeout", timeout, "must be a positive number of seconds or None")
     return float(timeout)
+
+
+def check_non_negative_int(name: str, value, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise LaunchArgumentError(name, value, "must be a non-negative integer", f"For example {example}.")
+    return int(value)
+
+
+def check_max_restarts(value) -> int:
+    return check_non_negative_int("max_restarts", value, "max_restarts=1")
+
+
+VIEWS = ("auto", "text", "widgets", "none", None)
+VIEW_METHODS = ("line", "metric", "close")
+
+
+def check_view(view):
+    """A view name, or an object the engine can call: checked now, not after the workers started."""
+    if view is None or isinstance(view, str):
+        if view not in VIEWS:
+            raise LaunchArgumentError("view", view, f"unknown view; choose one of {VIEWS}",
+                                      "Or pass an object with line(rank, text), metric(rank, row) and close().")
+        return view
+    missing = [m for m in VIEW_METHODS if not callable(getattr(view, m, None))]
+    if missing:
+        raise LaunchArgumentError("view", view, f"has no {', '.join(m + '()' for m in missing)} method",
+                                  "A view object needs line(rank, text), metric(rank, row) and close().")
+    return view
+
+
+def check_node_rank(node_rank, nnodes: int) -> int:
+    node_rank = check_non_negative_int("node_rank", node_rank, "node_rank=0 on the first machine")
+    if node_rank >= nnodes:
+        raise LaunchArgumentError("node_rank", node_rank, f"must be below nnodes={nnodes}",
+                                  "Number the machines 0 to nnodes - 1, one number each.")
+    return node_rank
+
+
+ENDPOINT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+)(:(?P<port>\d+))?")
+
+
+def check_rdzv_endpoint(endpoint, nnodes: int) -> str:
+    """``HOST`` or ``HOST:PORT`` (``[IPv6]:PORT``), as torchrun takes it; needed when nnodes > 1."""
+    if not isinstance(endpoint, str):
+        raise LaunchArgumentError("rdzv_endpoint", endpoint, f"must be a string, not {type(endpoint).__name__}",
+                                  'For example "10.0.0.1:29400".')
+    if nnodes > 1 and not endpoint:
+        raise LaunchArgumentError("rdzv_endpoint", endpoint, "is needed when nnodes > 1",
+                                  'For example "127.0.0.1:29400".')
+    match = ENDPOINT.fullmatch(endpoint)
+    if endpoint and (match is None or (match["port"] is not None and not 0 < int(match["port"]) < 65536)):
+        raise LaunchArgumentError("rdzv_endpoint", endpoint, "must be HOST or HOST:PORT with a port from 1 to 65535",
+                                  'For example "10.0.0.1:29400" (node 0\'s address).')
+    return endpoint
+
+
+def check_script_args(args) -> list[str]:
+    """A script's command-line arguments: a list or tuple of strings, numbers or paths."""
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        raise LaunchArgumentError("args", args, f"must be a list of command-line arguments, not {type(args).__name__}",
+                                  'For example args=["--epochs", 2].')
+    bad = [a for a in args if isinstance(a, bool) or not isinstance(a, (str, numbers.Real, os.PathLike))]
+    if bad:
+        raise LaunchArgumentError("args", args, f"{bad[0]!r} is not a string, number or path",
+                                  "Each item becomes one command-line word.")
+    return [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]

@@ -1,0 +1,52 @@
+"""The generated script runs without the notebook, as its header promises: ``python script.py``
+(it starts its ranks with mp.spawn) and ``torchrun --standalone``. Slow: real processes."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_kernel import run_cells
+
+from distlab.api import write_script
+from distlab.capture import capture
+
+pytestmark = pytest.mark.slow
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+CELLS = (
+    "import torch\nimport torch.distributed as dist\n",
+    "def summed(rank, world):\n"
+    "    dist.init_process_group('gloo', rank=rank, world_size=world)\n"
+    "    t = torch.ones(1) * (rank + 1)\n    dist.all_reduce(t)\n    dist.destroy_process_group()\n"
+    "    print(f'rank {rank} of {world}: sum {t.item()}', flush=True)\n    return t.item()\n",
+    "def grouped(scale):\n"
+    "    t = torch.ones(1) * (dist.get_rank() + 1) * scale\n    dist.all_reduce(t)\n"
+    "    print(f'rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item()}', flush=True)\n",
+)
+
+
+def _run(command, cwd) -> str:
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAB_RUN_DIR"):
+        env.pop(name, None)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_python_script_starts_its_own_ranks(tmp_path):
+    fn = run_cells(*CELLS)["summed"]
+    path = write_script(tmp_path, capture(fn, (2,)), (2,), 2, "spawn", "gloo")
+    out = _run([sys.executable, path.name], tmp_path)
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: sum 3.0" in out and f"[rank{rank}] returned 3.0" in out
+
+
+def test_torchrun_runs_a_launch_style_script(tmp_path):
+    fn = run_cells(*CELLS)["grouped"]
+    path = write_script(tmp_path, capture(fn, (10,)), (10,), 2, "launch", "gloo")
+    assert f"torchrun --standalone --nproc-per-node 2 {path.name}" in path.read_text()
+    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", path.name],
+               tmp_path)
+    assert "rank 0 of 2: sum 30.0" in out and "rank 1 of 2: sum 30.0" in out
