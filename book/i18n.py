@@ -197,6 +197,25 @@ def update(source: Path = ROOT) -> None:
         cmd = [str(Path(sys.executable).with_name("sphinx-intl")), "update", "-p", str(templates),
                "-l", LANGUAGE, "-d", str(source / LOCALES), "-w", "0"]
         subprocess.run(cmd, check=True)
+    for po in (source / LOCALES).rglob("*.po"):
+        po.write_text(drop_format_flags(po.read_text()))
+
+
+FORMAT_FLAGS = re.compile(r"(no-)?python(-brace)?-format")
+
+
+def drop_format_flags(text: str) -> str:
+    """gettext guesses that prose with a "%" ("2% of fp32's loss") is a printf format and then
+    ``msgfmt --check`` rejects its translation; the book's text is never a format string."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("#,"):
+            flags = [f.strip() for f in line[2:].split(",") if f.strip() and not FORMAT_FLAGS.fullmatch(f.strip())]
+            if not flags:
+                continue
+            line = "#, " + ", ".join(flags) + "\n"
+        out.append(line)
+    return "".join(out)
 
 
 def check(source: Path = ROOT) -> list[str]:

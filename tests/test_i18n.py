@@ -95,3 +95,18 @@ def test_captions_and_alt_text_are_templated_and_translated(tmp_path):
     i18n.translate_figures(tmp_path)
     meta = json.loads((tmp_path / "book" / "ch.ipynb").read_text())["cells"][0]["metadata"]["mystnb"]
     assert meta == {"figure": {"caption": "每一步的损失。"}, "image": {"alt": "A falling curve."}}  # fuzzy: kept
+
+
+def test_format_flags_are_dropped_keeping_the_others():
+    text = '#, fuzzy, python-format\nmsgid "a"\n#, no-python-format, python-format\nmsgid "b"\n'
+    assert i18n.drop_format_flags(text) == '#, fuzzy\nmsgid "a"\nmsgid "b"\n'
+
+
+def test_every_catalog_passes_msgfmt_check():
+    import subprocess
+
+    catalogs = sorted((ROOT / "locales").rglob("*.po"))
+    assert len(catalogs) == 2 * len(toc_files())  # the text and the figures of every chapter
+    for po in catalogs:
+        done = subprocess.run(["msgfmt", "--check", "-o", "/dev/null", str(po)], capture_output=True, text=True)
+        assert done.returncode == 0, f"{po.relative_to(ROOT)}: {done.stderr}"
