@@ -329,3 +329,41 @@ def test_chapter_figures_have_captions(visit, name):
 def _page_text(html_dir: Path, name: str) -> str:
     path = html_dir / f"{name}.html"
     return path.read_text() if path.exists() else ""
+
+
+# ---------------------------------------------------------------------------------------------- the Chinese edition
+@pytest.fixture(scope="module")
+def editions_url(html_dir):
+    """Both editions served side by side as they are built: ``<out>/html`` and ``<out>/zh/html``."""
+    assert (html_dir.parent / "zh" / "html" / "index.html").exists(), "the Chinese edition was not built"
+    handler = functools.partial(_QuietHandler, directory=str(html_dir.parent))
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("name", [toc_files()[0], "book/05_collectives", toc_files()[-1]])
+def test_language_link_leads_to_the_same_page_in_chinese_and_back(browser, editions_url, shots, name):
+    """Text, not glyphs: the test machine may lack a CJK font, so the check reads the DOM."""
+    errors: list[str] = []
+    blocked: list[str] = []
+    context, page = _new_page(browser, blocked, errors)
+    try:
+        page.goto(f"{editions_url}html/{name}.html", wait_until="load")
+        page.locator("a.distlab-language-switch").click()
+        page.wait_for_load_state("load")
+        assert page.url.endswith(f"/zh/html/{name}.html"), page.url
+        assert page.evaluate("document.documentElement.lang") == "zh-CN"
+        title = page.locator("h1").first.inner_text()
+        assert re.search(r"[\u4e00-\u9fff]", title), f"{name}: Chinese page title {title!r}"
+        assert page.locator("div.cell_output").count() > 0, f"{name}: the Chinese page shows no executed output"
+        page.screenshot(path=str(shots / f"zh-{name.replace('/', '_')}.png"), full_page=False)
+        page.locator("a.distlab-language-switch").click()
+        page.wait_for_load_state("load")
+        assert page.url.endswith(f"/html/{name}.html") and "/zh/" not in page.url, page.url
+    finally:
+        context.close()
+    real = _real_errors(errors, blocked)
+    assert not real, "console errors on the Chinese page:\n" + "\n".join(real)
