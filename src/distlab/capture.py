@@ -185,10 +185,9 @@ def notebook_classes_in(value, ns: dict, what: str = "an argument") -> list:
     found: list = []
 
     class Finder(pickle.Pickler):
-        def reducer_override(self, obj):
-            for candidate in (obj, type(obj)):
-                if is_notebook_object(candidate, ns) and all(candidate is not f for f in found):
-                    found.append(candidate)
+        def reducer_override(self, obj):  # called for an instance's class too (it is pickled by reference)
+            if is_notebook_object(obj, ns) and all(obj is not f for f in found):
+                found.append(obj)
             return NotImplemented
 
     try:

@@ -143,8 +143,7 @@ def _from_inspect(cls) -> list[Candidate]:
         text = _dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return []
-    nodes = _nodes(text, ast.ClassDef, cls.__name__)
-    return [Candidate(text, nodes[0])] if nodes else []
+    return [Candidate(text, node) for node in _nodes(text, ast.ClassDef, cls.__name__)[:1]]
 
 
 def _history_nodes(name: str, ns: dict, kind) -> list[Candidate]:
