@@ -147,7 +147,7 @@ def is_notebook_object(value, ns: dict) -> bool:
     target = source.unwrap(value)
     if not (inspect.isfunction(target) or inspect.isclass(target)):
         return False
-    return getattr(target, "__module__", None) == ns.get("__name__", "__main__")
+    return target.__module__ == ns.get("__name__")
 
 
 def importable_location(value) -> tuple[str, str] | None:
