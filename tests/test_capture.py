@@ -150,6 +150,20 @@ def test_global_names_ignores_locals_attributes_and_builtins():
     assert global_names(src) == ["GLOBAL_ONE", "OTHER"]
 
 
+def test_names_a_class_body_defines_itself_are_not_globals():
+    assert global_names("class A:\n    size = 3\n    double = size * SCALE\n") == ["SCALE"]
+
+
+def test_module_dunders_are_never_shipped_but_other_underscored_names_are():
+    # shipping the notebook's __name__ ('__main__') would make the script's ranks start ranks themselves
+    assert global_names("def f():\n    return __name__, __file__, __cache, data__\n") == ["__cache", "data__"]
+
+
+@pytest.mark.parametrize("length,inline", [(2000, True), (2001, False)])
+def test_constants_up_to_2000_characters_are_written_inline(length, inline):
+    assert is_literal("a" * (length - 2)) is inline  # repr adds the two quotes
+
+
 @pytest.mark.parametrize("module,qualname,name,line", [
     ("torch", None, "torch", "import torch"),
     ("torch.nn", None, "nn", "import torch.nn as nn"),
@@ -171,7 +185,7 @@ def test_is_literal(value, expected):
 
 
 def test_every_notebook_function_inside_a_global_dict_is_shipped(monkeypatch):
-    ns = run_cells("def f():\n    return 'f'\n", "def g():\n    return 'g'\n", "TABLE = {'f': f, 'g': g}\n",
+    ns = run_cells("def f():\n    return 'f'\n", "G = 'g'\ndef g():\n    return G\n", "TABLE = {'f': f, 'g': g}\n",
                    "def work(rank):\n    return TABLE['g']()\n")
     as_main(monkeypatch, ns)
     cap = capture(ns["work"])
@@ -452,3 +466,12 @@ def test_objects_that_are_not_containers_pass_unchanged(run_as_rank0):
 
     ns = run_cells("import ast\n", "def work(rank, tree):\n    return ast.dump(tree)\n")
     assert run_as_rank0(ns["work"], args=(syntax.parse("x = 1"),))[0] == syntax.dump(syntax.parse("x = 1"))
+
+
+def test_values_keep_their_types_even_when_they_print_like_literals(run_as_rank0, monkeypatch):
+    ns = run_cells("class Tag(str):\n    pass\n", "class Registry(dict):\n    pass\n",
+                   "TABLE = Registry(a=1)\nIN_LIST = [Tag('x')]\nAS_VALUE = {'k': Tag('x')}\nAS_KEY = {Tag('k'): 1}\n",
+                   "def work(rank):\n    return (type(TABLE).__name__, type(IN_LIST[0]).__name__,\n"
+                   "            type(AS_VALUE['k']).__name__, type(next(iter(AS_KEY))).__name__)\n")
+    as_main(monkeypatch, ns)
+    assert run_as_rank0(ns["work"])[0] == ("Registry", "Tag", "Tag", "Tag")

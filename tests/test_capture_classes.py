@@ -130,10 +130,11 @@ def test_the_closest_definition_is_patched_when_none_matches(run_as_rank0):
 def test_class_from_a_file_run_into_the_notebook_is_found_by_its_methods(run_as_rank0, tmp_path):
     path = tmp_path / "helpers.py"
     path.write_text("class Net:\n    scale = 2\n    def forward(self, x):\n        return x * self.scale\n"
-                    "    def name(self): return 'net'\n")
-    ns = run_cells("def work(rank):\n    return Net().forward(3), Net().name()\n")
+                    "    def name(self): return 'net'\n"
+                    "class Tag:\n    label = 't'\n    def name(self): return self.label\n")
+    ns = run_cells("def work(rank):\n    return Net().forward(3), Net().name(), Tag().name()\n")
     run_file_into(ns, path)
-    assert run_as_rank0(ns["work"])[0] == (6, "net")
+    assert run_as_rank0(ns["work"])[0] == (6, "net", "t")
 
 
 def test_method_copied_from_an_earlier_definition_is_refused():
@@ -238,3 +239,33 @@ def test_a_decorator_whose_closure_has_an_empty_cell(run_as_rank0):
                    "class Net:\n    @traced\n    def forward(self, x):\n        return x\n",
                    "def work(rank):\n    return Net().forward(4)\n")
     assert run_as_rank0(ns["work"])[0] == ("traced", 4)
+
+
+def test_class_redefined_in_a_later_cell_ships_its_newest_definition(run_as_rank0):
+    ns = run_cells("class Cfg:\n    lr = abs(-0.5)\n", "def work(rank):\n    return Cfg.lr\n",
+                   "class Cfg:\n    lr = abs(-0.25)\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == 0.25 and "-0.5" not in text
+
+
+def test_annotated_class_attribute_changed_later(run_as_rank0):
+    ns = run_cells("class Cfg:\n    lr: float = 0.5\n", "Cfg.lr = 0.1\n", "def work(rank):\n    return Cfg.lr\n")
+    assert run_as_rank0(ns["work"])[0] == 0.1
+
+
+def test_namedtuple_class_ships_unchanged(run_as_rank0):
+    ns = run_cells("from typing import NamedTuple\n", "class Point(NamedTuple):\n    x: int\n    y: int = 0\n",
+                   "def work(rank):\n    return Point(3)._asdict()\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == {"x": 3, "y": 0} and "after the class was defined" not in text
+
+
+def test_static_class_methods_and_properties_ship_unchanged(run_as_rank0):
+    ns = run_cells("import functools\n",
+                   "class Net:\n    @staticmethod\n    def s():\n        return 's'\n"
+                   "    @classmethod\n    def c(cls):\n        return cls.__name__\n"
+                   "    @property\n    def p(self):\n        return 'p'\n"
+                   "    @functools.cached_property\n    def cached(self):\n        return 'cached'\n",
+                   "def work(rank):\n    n = Net()\n    return Net.s(), Net.c(), n.p, n.cached\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == ("s", "Net", "p", "cached") and "after the class was defined" not in text

@@ -71,7 +71,7 @@ def test_auto_backend(world, gpus, expected):
 def test_timeout(bad):
     with pytest.raises(LaunchArgumentError, match="must be a positive number of seconds or None"):
         check_timeout(bad)
-    assert check_timeout(None) is None and check_timeout(2) == 2.0
+    assert check_timeout(None) is None and check_timeout(2) == 2.0 and check_timeout(0.5) == 0.5
 
 
 @pytest.mark.parametrize("world,gpus", [(1, 1), (2, 2), (2, 8)])

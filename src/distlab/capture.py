@@ -147,7 +147,7 @@ def is_notebook_object(value, ns: dict) -> bool:
     target = source.unwrap(value)
     if not (inspect.isfunction(target) or inspect.isclass(target)):
         return False
-    return getattr(target, "__module__", None) == ns.get("__name__", "__main__")
+    return target.__module__ == ns.get("__name__")
 
 
 def importable_location(value) -> tuple[str, str] | None:
@@ -185,10 +185,9 @@ def notebook_classes_in(value, ns: dict, what: str = "an argument") -> list:
     found: list = []
 
     class Finder(pickle.Pickler):
-        def reducer_override(self, obj):
-            for candidate in (obj, type(obj)):
-                if is_notebook_object(candidate, ns) and all(candidate is not f for f in found):
-                    found.append(candidate)
+        def reducer_override(self, obj):  # called for an instance's class too (it is pickled by reference)
+            if is_notebook_object(obj, ns) and all(obj is not f for f in found):
+                found.append(obj)
             return NotImplemented
 
     try:

@@ -53,10 +53,9 @@ def unwrap(obj):
 
 def wrapper_layers(obj) -> int:
     """How many ``__wrapped__`` links lead from ``obj`` to the function written with ``def``."""
-    layers = 0
-    while hasattr(obj, "__wrapped__") and layers < 100:
-        obj, layers = obj.__wrapped__, layers + 1
-    return layers
+    chain: list = []
+    inspect.unwrap(obj, stop=chain.append)  # called once per wrapper; append returns None: never stops
+    return len(chain)
 
 
 def function_source(fn, ns: dict) -> str | None:
@@ -143,8 +142,7 @@ def _from_inspect(cls) -> list[Candidate]:
         text = _dedent(inspect.getsource(cls))
     except (OSError, TypeError):
         return []
-    nodes = _nodes(text, ast.ClassDef, cls.__name__)
-    return [Candidate(text, nodes[0])] if nodes else []
+    return [Candidate(text, node) for node in _nodes(text, ast.ClassDef, cls.__name__)[:1]]
 
 
 def _history_nodes(name: str, ns: dict, kind) -> list[Candidate]:
