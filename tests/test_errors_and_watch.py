@@ -135,3 +135,15 @@ def test_ranks_stopped_by_sigterm_are_never_the_root_cause(tmp_path):
     stopped.timestamp = 900
     err = first_failure_error(SimpleNamespace(failures={0: stopped, 2: _failure(tmp_path, 2, 1000.0)}), tmp_path, None)
     assert err.rank == 2
+
+
+def test_a_rank_reporting_a_lost_peer_is_named_before_one_that_was_only_stopped(tmp_path):
+    """Seen in chapter 5: gloo's connectFullMesh failed on rank 1 while rank 0, still silent, was stopped;
+    the stopped rank's whole-second timestamp is earlier than rank 1's error time, yet says nothing."""
+    (tmp_path / "logs").mkdir()
+    stopped = _failure(tmp_path, 0, None, exitcode=-15)
+    stopped.timestamp = 1000
+    peer = _failure(tmp_path, 1, 1000.7)
+    peer.message["extraInfo"]["py_callstack"] = "RuntimeError: Gloo connectFullMesh failed: Connection closed by peer"
+    err = first_failure_error(SimpleNamespace(failures={0: stopped, 1: peer}), tmp_path, None)
+    assert err.rank == 1 and "connectFullMesh" in str(err)

@@ -309,12 +309,14 @@ def first_failure_error(exc, run_dir: Path, result: RunResult) -> WorkerFailedEr
 def _failure_order(item) -> tuple:
     rank, failure = item
     text = _callstack(failure)
-    secondary = failure.exitcode == -signal.SIGTERM or any(sign in text for sign in PEER_FAILURE_SIGNS)
+    stopped = failure.exitcode == -signal.SIGTERM  # stopped by torchelastic after another rank failed
+    secondary = stopped or any(sign in text for sign in PEER_FAILURE_SIGNS)
     try:
         when = json.loads(Path(failure.error_file).read_text())["message"]["extraInfo"]["time"]
     except Exception:
-        when = float(failure.timestamp)  # no error file: died in C code or by a signal
-    return (secondary, when, rank)
+        when = float(failure.timestamp)  # no error file: died in C code or by a signal (whole seconds)
+    # a rank that reported a lost peer says more than one that was only stopped, whose time is truncated
+    return (secondary, stopped, when, rank)
 
 
 def _callstack(failure) -> str:
