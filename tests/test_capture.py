@@ -115,13 +115,13 @@ def test_class_alias_is_written_after_the_class(run_as_rank0):
 
 
 def test_closure_is_refused_with_advice():
-    ns = run_cells("def outer():\n    k = 3\n    def inner(rank):\n        return k\n    return inner\n")
+    ns = run_cells("def outer():\n    k, n = 3, 4\n    def inner(rank):\n        return k + n\n    return inner\n")
     with pytest.raises(CaptureError) as e:
         capture(ns["outer"]())
     assert str(e.value) == (
-        "distlab: cannot ship function 'inner' to the worker processes: it is a closure over k. Define it at the top "
-        "level of a cell and pass those values through args= (a decorator must use functools.wraps for distlab to "
-        "ship what it decorates)."
+        "distlab: cannot ship function 'inner' to the worker processes: it is a closure over k, n. Define it at the "
+        "top level of a cell and pass those values through args= (a decorator must use functools.wraps for distlab "
+        "to ship what it decorates)."
     )
 
 
@@ -222,6 +222,21 @@ def test_future_annotations_in_the_notebook_are_kept_in_the_script(run_as_rank0)
     assert returned == "Node"
     first_statement = ast.parse(text).body[1]  # after the docstring, where a __future__ import must be
     assert isinstance(first_statement, ast.ImportFrom) and first_statement.module == "__future__"
+
+
+def test_future_annotations_are_found_when_the_name_annotations_is_reused(run_as_rank0):
+    ns = run_cells("def helper():\n    return 1\n", "from __future__ import annotations\n",
+                   "annotations = ['cat', 'dog']  # a data set's labels\n",
+                   "class Node:\n    def join(self, other: Node) -> Node:\n        return other\n",
+                   "def work(rank):\n    return helper(), type(Node().join(Node())).__name__, annotations\n")
+    assert run_as_rank0(ns["work"])[0] == (1, "Node", ["cat", "dog"])
+
+
+def test_future_annotations_of_a_class_defined_after_the_function(run_as_rank0):
+    ns = run_cells("def work(rank):\n    return type(Node().join(Node())).__name__\n",
+                   "from __future__ import annotations\n",
+                   "class Node:\n    def join(self, other: Node) -> Node:\n        return other\n")
+    assert run_as_rank0(ns["work"])[0] == "Node"
 
 
 def test_torch_no_grad_decorated_function_ships_with_its_decorator(run_as_rank0):

@@ -46,8 +46,8 @@ def _literal_types_only(value) -> bool:
 def unwrap(obj):
     """The function a ``functools.wraps`` decorator wrapped (``obj`` itself when not wrapped)."""
     try:
-        return inspect.unwrap(obj) if hasattr(obj, "__wrapped__") else obj
-    except (ValueError, Exception):  # a cycle of __wrapped__, or an object whose __getattr__ misbehaves
+        return inspect.unwrap(obj)
+    except Exception:  # a cycle of __wrapped__, or an object whose __getattr__ misbehaves
         return obj
 
 
