@@ -195,9 +195,10 @@ def differences(cls, candidate: Candidate) -> list[Difference]:
     live = vars(cls)
     found = []
     for name, value_node in defined.items():
-        if name not in live:  # decorators may drop what they replace (dataclass's field(...)): only
+        if name not in live:  # a missing method or public plain value was deleted; other members may be
+            # dropped by the class machinery itself (dataclass's field(...), Enum's _ignore_)
             if value_node == "def" or (not name.startswith("_") and _is_literal_node(value_node)):
-                found.append(Difference(name, "deleted"))  # methods and plain data count
+                found.append(Difference(name, "deleted"))
         elif value_node == "def":
             if not _comes_from(live[name], cls, candidate):
                 found.append(Difference(name, "replaced", live[name]))
