@@ -87,12 +87,11 @@ def test_tensor_global_travels_as_data():
     assert list(cap.values) == ["W"] and torch.equal(cap.values["W"], torch.arange(3.0))
 
 
-def test_instance_of_notebook_class_in_args_pulls_in_its_class(monkeypatch):
-    ns = run_cells("class Cfg:\n    def __init__(self):\n        self.lr = 0.1\n",
-                   "def work(rank, cfg):\n    return cfg.lr\n")
+def test_instance_of_notebook_class_in_args_pulls_in_its_class(monkeypatch, run_as_rank0):
+    ns = run_cells("LR = 0.1\nclass Cfg:\n    def __init__(self):\n        self.lr = LR\n    def twice(self):\n"
+                   "        return self.lr * 2\n", "def work(rank, cfg):\n    return cfg.twice()\n")
     as_main(monkeypatch, ns)
-    cap = capture(ns["work"], args=(ns["Cfg"](),))
-    assert any(d.startswith("class Cfg") for d in cap.definitions)
+    assert run_as_rank0(ns["work"], args=(ns["Cfg"](),))[0] == 0.2
 
 
 def test_class_without_methods_is_found_in_the_input_history():

@@ -152,10 +152,8 @@ def is_notebook_object(value, ns: dict) -> bool:
 
 def importable_location(value) -> tuple[str, str] | None:
     """(module, qualname) when a fresh interpreter can import ``value`` by name."""
-    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not module or not qualname:
-        return None
     try:
+        module, qualname = value.__module__, value.__qualname__
         obj = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)

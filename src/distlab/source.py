@@ -274,8 +274,9 @@ def _cell_holds_function(cell) -> bool:
 
 
 def _function_of(member):
-    """The plain function behind a method, staticmethod, classmethod, property or wrapper."""
-    for attribute in ("__func__", "fget", "func"):
+    """The plain function behind a method, property, cached_property or wrapper (staticmethod and
+    classmethod objects have ``__wrapped__`` since Python 3.10)."""
+    for attribute in ("fget", "func"):
         inner = getattr(member, attribute, None)
         if inspect.isfunction(inner):
             member = inner
