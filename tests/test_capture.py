@@ -87,12 +87,11 @@ def test_tensor_global_travels_as_data():
     assert list(cap.values) == ["W"] and torch.equal(cap.values["W"], torch.arange(3.0))
 
 
-def test_instance_of_notebook_class_in_args_pulls_in_its_class(monkeypatch):
-    ns = run_cells("class Cfg:\n    def __init__(self):\n        self.lr = 0.1\n",
-                   "def work(rank, cfg):\n    return cfg.lr\n")
+def test_instance_of_notebook_class_in_args_pulls_in_its_class(monkeypatch, run_as_rank0):
+    ns = run_cells("LR = 0.1\nclass Cfg:\n    def __init__(self):\n        self.lr = LR\n    def twice(self):\n"
+                   "        return self.lr * 2\n", "def work(rank, cfg):\n    return cfg.twice()\n")
     as_main(monkeypatch, ns)
-    cap = capture(ns["work"], args=(ns["Cfg"](),))
-    assert any(d.startswith("class Cfg") for d in cap.definitions)
+    assert run_as_rank0(ns["work"], args=(ns["Cfg"](),))[0] == 0.2
 
 
 def test_class_without_methods_is_found_in_the_input_history():
@@ -115,13 +114,13 @@ def test_class_alias_is_written_after_the_class(run_as_rank0):
 
 
 def test_closure_is_refused_with_advice():
-    ns = run_cells("def outer():\n    k = 3\n    def inner(rank):\n        return k\n    return inner\n")
+    ns = run_cells("def outer():\n    k, n = 3, 4\n    def inner(rank):\n        return k + n\n    return inner\n")
     with pytest.raises(CaptureError) as e:
         capture(ns["outer"]())
     assert str(e.value) == (
-        "distlab: cannot ship function 'inner' to the worker processes: it is a closure over k. Define it at the top "
-        "level of a cell and pass those values through args= (a decorator must use functools.wraps for distlab to "
-        "ship what it decorates)."
+        "distlab: cannot ship function 'inner' to the worker processes: it is a closure over k, n. Define it at the "
+        "top level of a cell and pass those values through args= (a decorator must use functools.wraps for distlab "
+        "to ship what it decorates)."
     )
 
 
@@ -222,6 +221,21 @@ def test_future_annotations_in_the_notebook_are_kept_in_the_script(run_as_rank0)
     assert returned == "Node"
     first_statement = ast.parse(text).body[1]  # after the docstring, where a __future__ import must be
     assert isinstance(first_statement, ast.ImportFrom) and first_statement.module == "__future__"
+
+
+def test_future_annotations_are_found_when_the_name_annotations_is_reused(run_as_rank0):
+    ns = run_cells("def helper():\n    return 1\n", "from __future__ import annotations\n",
+                   "annotations = ['cat', 'dog']  # a data set's labels\n",
+                   "class Node:\n    def join(self, other: Node) -> Node:\n        return other\n",
+                   "def work(rank):\n    return helper(), type(Node().join(Node())).__name__, annotations\n")
+    assert run_as_rank0(ns["work"])[0] == (1, "Node", ["cat", "dog"])
+
+
+def test_future_annotations_of_a_class_defined_after_the_function(run_as_rank0):
+    ns = run_cells("def work(rank):\n    return type(Node().join(Node())).__name__\n",
+                   "from __future__ import annotations\n",
+                   "class Node:\n    def join(self, other: Node) -> Node:\n        return other\n")
+    assert run_as_rank0(ns["work"])[0] == "Node"
 
 
 def test_torch_no_grad_decorated_function_ships_with_its_decorator(run_as_rank0):

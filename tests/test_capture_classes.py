@@ -269,3 +269,11 @@ def test_static_class_methods_and_properties_ship_unchanged(run_as_rank0):
                    "def work(rank):\n    n = Net()\n    return Net.s(), Net.c(), n.p, n.cached\n")
     returned, text = run_as_rank0(ns["work"])
     assert returned == ("s", "Net", "p", "cached") and "after the class was defined" not in text
+
+
+def test_a_change_is_written_on_its_own_lines_after_a_cell_without_a_final_newline(run_as_rank0):
+    ns = run_cells("class Cfg:\n    # the rate\n    lr = 0.5", "Cfg.lr = 0.1", "def work(rank):\n    return Cfg.lr\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == 0.1
+    assert ("class Cfg:\n    # the rate\n    lr = 0.5\n# changed in the notebook after the class was defined:\n"
+            "Cfg.lr = 0.1\n") in text

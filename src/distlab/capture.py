@@ -38,7 +38,7 @@ class Captured:
     constants: list[str] = field(default_factory=list)
     definitions: list[str] = field(default_factory=list)
     values: dict[str, object] = field(default_factory=dict)
-    call: str = ""  # what the script hands to main(): the entry, or the name of a rebuilt partial
+    call: str = ""  # the name of a rebuilt functools.partial for main(); empty: main() calls the entry
     bind: str = ""  # the line that rebuilds a functools.partial, after the values are loaded
     future_annotations: bool = False  # the notebook compiled with `from __future__ import annotations`
     _seen: set = field(default_factory=set, repr=False)
@@ -48,14 +48,14 @@ class Captured:
             section.append(line)
 
 
-def capture(fn, args: tuple = (), namespace: dict | None = None) -> Captured:
-    """Collect ``fn`` and everything it reaches from ``namespace`` (the notebook's globals).
+def capture(fn, args: tuple = ()) -> Captured:
+    """Collect ``fn`` and everything it reaches from the notebook's globals (``fn.__globals__``).
 
     ``fn`` may be decorated (``functools.wraps``) or a ``functools.partial`` of such a function.
     """
     func = fn.func if isinstance(fn, functools.partial) else fn
-    ns = source.unwrap(func).__globals__ if namespace is None else namespace
-    cap = Captured(entry=func.__name__, call=func.__name__)
+    ns = source.unwrap(func).__globals__
+    cap = Captured(entry=func.__name__)
     cap.future_annotations = ns.get("annotations") is __future__.annotations
     _visit(func, ns, cap)
     if isinstance(fn, functools.partial):
@@ -152,10 +152,8 @@ def is_notebook_object(value, ns: dict) -> bool:
 
 def importable_location(value) -> tuple[str, str] | None:
     """(module, qualname) when a fresh interpreter can import ``value`` by name."""
-    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not module or not qualname:
-        return None
     try:
+        module, qualname = value.__module__, value.__qualname__
         obj = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
@@ -207,7 +205,7 @@ def notebook_classes_in(value, ns: dict, what: str = "an argument") -> list:
 def _function_text(fn, ns: dict, cap: Captured) -> str:
     """A notebook function's ``def``, with its decorator lines; refused when that text would not
     make the same function on the workers (a closure, a lambda, a wrapper applied by hand)."""
-    name = getattr(fn, "__name__", "")
+    name = fn.__name__
     if name == "<lambda>":
         raise CaptureError("a lambda", "a lambda has no name to call it by in a script", "Define it with def.")
     written = source.unwrap(fn)

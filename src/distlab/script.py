@@ -14,10 +14,9 @@ Run it yourself, outside the notebook:
 
 def header(entry: str, nprocs: int, style: str, filename: str) -> str:
     """The docstring that says how to run the script by hand (both commands, comments aligned)."""
-    python, torchrun = f"python {filename}", f"torchrun --standalone --nproc-per-node {nprocs} {filename}"
-    width = max(len(python), len(torchrun))
-    return HEADER.format(entry=entry, nprocs=nprocs, style=style, python=python.ljust(width),
-                         torchrun=torchrun.ljust(width))
+    torchrun = f"torchrun --standalone --nproc-per-node {nprocs} {filename}"  # the longer of the two
+    return HEADER.format(entry=entry, nprocs=nprocs, style=style, python=f"python {filename}".ljust(len(torchrun)),
+                         torchrun=torchrun)
 
 
 def render(cap: Captured, *, args: tuple, nprocs: int, style: str, backend: str, filename: str) -> str:

@@ -46,8 +46,8 @@ def _literal_types_only(value) -> bool:
 def unwrap(obj):
     """The function a ``functools.wraps`` decorator wrapped (``obj`` itself when not wrapped)."""
     try:
-        return inspect.unwrap(obj) if hasattr(obj, "__wrapped__") else obj
-    except (ValueError, Exception):  # a cycle of __wrapped__, or an object whose __getattr__ misbehaves
+        return inspect.unwrap(obj)
+    except Exception:  # a cycle of __wrapped__, or an object whose __getattr__ misbehaves
         return obj
 
 
@@ -195,9 +195,10 @@ def differences(cls, candidate: Candidate) -> list[Difference]:
     live = vars(cls)
     found = []
     for name, value_node in defined.items():
-        if name not in live:  # decorators may drop what they replace (dataclass's field(...)): only
+        if name not in live:  # a missing method or public plain value was deleted; other members may be
+            # dropped by the class machinery itself (dataclass's field(...), Enum's _ignore_)
             if value_node == "def" or (not name.startswith("_") and _is_literal_node(value_node)):
-                found.append(Difference(name, "deleted"))  # methods and plain data count
+                found.append(Difference(name, "deleted"))
         elif value_node == "def":
             if not _comes_from(live[name], cls, candidate):
                 found.append(Difference(name, "replaced", live[name]))
@@ -273,8 +274,9 @@ def _cell_holds_function(cell) -> bool:
 
 
 def _function_of(member):
-    """The plain function behind a method, staticmethod, classmethod, property or wrapper."""
-    for attribute in ("__func__", "fget", "func"):
+    """The plain function behind a method, property, cached_property or wrapper (staticmethod and
+    classmethod objects have ``__wrapped__`` since Python 3.10)."""
+    for attribute in ("fget", "func"):
         inner = getattr(member, attribute, None)
         if inspect.isfunction(inner):
             member = inner
