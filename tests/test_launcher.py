@@ -63,12 +63,12 @@ CELLS = run_cells(
         time.sleep(seconds)
     """,
     """
-    def listening_sockets(rank, world_size):
+    def listening_sockets(rank, world_size, launcher_pid):
         import psutil
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         dist.barrier()
         mine = [c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
-        parent = [c.laddr.ip for c in psutil.Process(os.getppid()).net_connections("inet") if c.status == "LISTEN"]
+        parent = [c.laddr.ip for c in psutil.Process(launcher_pid).net_connections("inet") if c.status == "LISTEN"]
         dist.barrier()
         dist.destroy_process_group()
         return {"worker": mine, "parent": parent}
@@ -132,7 +132,7 @@ def test_launch_initialises_the_group_for_the_user():
 
 
 def test_single_node_run_listens_on_loopback_only():
-    res = distlab.spawn(CELLS["listening_sockets"], args=(2,), nprocs=2, view=None)
+    res = distlab.spawn(CELLS["listening_sockets"], args=(2, os.getpid()), nprocs=2, view=None)
     for rank in (0, 1):
         addresses = res.returns[rank]["worker"] + res.returns[rank]["parent"]
         assert res.returns[rank]["parent"], "the launcher's store should be listening"

@@ -9,27 +9,30 @@ import os
 import threading
 from pathlib import Path
 
-from . import capture, config, engine, script
+from . import capture, config, engine, launchmode, script
 from .display import make_view
 from .errors import LaunchArgumentError
 from .results import RunResult
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
-          view="auto", max_restarts: int = 0) -> RunResult:
+          view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
     """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
     ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
+    ``start``: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
+    CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
+    (see :mod:`distlab.launchmode`).
     """
-    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts)
+    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start)
 
 
 def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
-           timeout: float | None = None, view="auto", max_restarts: int = 0) -> RunResult:
+           timeout: float | None = None, view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
-    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
-    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
+    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``. ``start`` as in :func:`spawn`."""
+    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts, start)
 
 
 def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
@@ -64,7 +67,8 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
 
 
-def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
+def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto"):
+    start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
     config.check_function(fn)
     args = config.check_args(args)
     nprocs = config.check_positive_int("nprocs", nprocs)
@@ -74,7 +78,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     run_dir = engine.new_run_dir(fn.__name__)
     path = write_script(run_dir, captured, args, nprocs, style, backend)
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
-                       max_restarts=max_restarts, script=path)
+                       max_restarts=max_restarts, script=path, start=start)
     if join:
         return engine.execute(plan, make_view(view, nprocs))
     return PendingRun(plan, make_view(view, nprocs))

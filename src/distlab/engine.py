@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import watch
+from . import forklaunch, watch
 from .errors import INTERRUPTED, WorkerFailedError, WorkerTimeoutError
 from .results import RunResult, collect, read_logs
 
@@ -44,6 +44,7 @@ class Plan:
     plain_python: bool = False  # run TARGET like `python TARGET`: no torchrun variables
     rdzv_id: str = "distlab"  # the c10d rendezvous id shared by all nodes (nnodes > 1)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    start: str = "spawn"  # "forkserver": ranks forked from distlab's torch-preloaded server (#18)
 
     @property
     def elastic_run_id(self) -> str:
@@ -122,6 +123,9 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
         max_restarts=plan.max_restarts, monitor_interval=0.05,
         logs_specs=_run_logs(plan.run_dir), signals_to_handle="SIGINT,SIGTERM",
     )
+    # -- start-mode hook (#18): fork the ranks from distlab's forkserver; False: it could not start
+    if plan.start == "forkserver" and local and not plan.plain_python and forklaunch.run(config, plan, run_json):
+        return
     args = ["-u", "-m", "distlab._start", str(run_json), str(plan.target), *plan.target_args]
     elastic_launch(config, sys.executable)(*args)
 

@@ -26,7 +26,10 @@ def our_workers(run_id: str) -> list[psutil.Process]:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
-    return found
+    # -- start-mode hook (#18): a forked rank's /proc environment is the forkserver's, not its own
+    from .launchmode import forked_ranks
+
+    return found + [p for p in forked_ranks(run_id) if p not in found]
 
 
 def stop_workers(run_id: str, grace_s: float = 2.0) -> int:
