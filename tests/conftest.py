@@ -31,3 +31,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{ex.seconds:6.1f} s  {name}  {status}")
     total = sum(ex.seconds for ex in _BOOK["executions"].values())
     terminalreporter.write_line(f"{total:6.1f} s  all chapters")
+
+
+@pytest.fixture(params=["forkserver", "spawn"])
+def start_mode(request, monkeypatch):
+    """Run a launcher test once per start mode: ranks forked from distlab's forkserver, and fresh
+    interpreters (``DISTLAB_START`` is what ``start="auto"`` follows)."""
+    monkeypatch.setenv("DISTLAB_START", request.param)
+    return request.param

@@ -18,6 +18,7 @@ from fake_kernel import run_cells
 
 import distlab
 from distlab import LaunchArgumentError, forklaunch, launchmode
+from distlab.display import TextView
 
 TESTS = Path(__file__).parent
 
@@ -148,7 +149,9 @@ with open(os.path.join(mods, "edited_mod.py"), "w") as f:
     f.write("VERSION = 22  # edited after the first launch\\n")
 second = distlab.spawn(ns["state"], args=(free_port(),), nprocs=2, view=None)
 fresh = distlab.spawn(ns["state"], args=(free_port(),), nprocs=2, view=None, start="spawn")
+import multiprocessing
 print("STATE", json.dumps({{"server": server, "kernel": os.getpid(), "first": first.returns,
+                           "default_start_method": multiprocessing.get_start_method(allow_none=True),
                            "second": second.returns, "spawn": fresh.returns}}), flush=True)
 distlab.spawn(ns["sleeper"], nprocs=2, view=None)
 """
@@ -190,6 +193,7 @@ def test_ranks_see_the_kernel_at_launch_and_die_with_it_and_so_does_the_server(t
 
     state = json.loads(out.split("STATE ", 1)[1].splitlines()[0])
     assert state["server"] == server
+    assert state["default_start_method"] is None  # still the user's to choose
     for name, version in (("first", 1), ("second", 22), ("spawn", 22)):
         for rank in ("0", "1"):
             seen = state[name][rank]
@@ -199,3 +203,50 @@ def test_ranks_see_the_kernel_at_launch_and_die_with_it_and_so_does_the_server(t
             assert seen["sum"] == 2.0 and seen["threads"] == 1, (name, seen)
     assert {s["parent"] for s in (*state["first"].values(), *state["second"].values())} == {server}
     assert {s["parent"] for s in state["spawn"].values()} == {state["kernel"]}
+
+
+class _Reader(TextView):
+    """Touches ``flag`` when it receives the line ``ping``: proof that output arrives live."""
+
+    def __init__(self, flag: Path):
+        super().__init__(1)
+        self.flag, self.lines = flag, []
+
+    def line(self, rank, text):
+        self.lines.append(text)
+        if text == "ping":
+            self.flag.touch()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("start_mode")
+def test_a_ranks_output_reaches_the_notebook_while_it_runs(tmp_path):
+    ns = run_cells("""
+    import os
+    import time
+    def wait_for_reader(rank, flag):
+        print("ping")  # no flush: ranks write unbuffered, as `python -u` does
+        deadline = time.time() + 60
+        while not os.path.exists(flag):
+            if time.time() > deadline:
+                raise TimeoutError("nobody read 'ping' while this rank was running")
+            time.sleep(0.05)
+        print("seen")
+    """)
+    reader = _Reader(tmp_path / "seen")
+    res = distlab.spawn(ns["wait_for_reader"], args=(str(tmp_path / "seen"),), nprocs=1, view=reader)
+    assert reader.lines == ["ping", "seen"]
+    assert res.logs[0] == "ping\nseen\n"
+    assert (res.run_dir / "logs/attempt0/rank0.err").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("start_mode")
+def test_exit_handlers_of_a_rank_run_when_it_ends(tmp_path):
+    ns = run_cells("""
+    import atexit
+    def register_goodbye(rank, folder):
+        atexit.register(lambda: open(f"{folder}/goodbye{rank}", "w").close())
+    """)
+    distlab.spawn(ns["register_goodbye"], args=(str(tmp_path),), nprocs=2, view=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["goodbye0", "goodbye1"]

@@ -90,6 +90,7 @@ def no_workers_left(run_dir) -> bool:
     return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_spawn_runs_notebook_code_and_brings_everything_back():
     res = distlab.spawn(CELLS["all_reduce_work"], args=(2, torch.ones(2)), nprocs=2, view=None)
     assert torch.equal(res.returns[0]["sum"], torch.tensor([3.0, 3.0]))
@@ -101,6 +102,7 @@ def test_spawn_runs_notebook_code_and_brings_everything_back():
     assert res.returns[0]["port"] == res.returns[1]["port"]
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_first_failing_rank_is_named_with_its_traceback_quickly():
     start = time.time()
     with pytest.raises(WorkerFailedError) as e:
@@ -115,17 +117,19 @@ def test_first_failing_rank_is_named_with_its_traceback_quickly():
     assert no_workers_left(err.result.run_dir)
 
 
-def test_hang_times_out_with_each_ranks_stack():
+def test_hang_times_out_with_each_ranks_stack(start_mode):
+    timeout = 6 if start_mode == "forkserver" else 15  # fresh interpreters first import torch (slow when loaded)
     start = time.time()
     with pytest.raises(WorkerTimeoutError) as e:
-        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=6, view=None)
+        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=timeout, view=None)
     stacks = e.value.stacks
     assert "in all_reduce" in stacks[0] and "in hang_on_rank_zero" in stacks[0]
     assert "in all_reduce" not in stacks[1] and "in hang_on_rank_zero" in stacks[1]
-    assert time.time() - start < 20
+    assert time.time() - start < timeout + 14
     assert no_workers_left(e.value.result.run_dir)
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_launch_initialises_the_group_for_the_user():
     res = distlab.launch(CELLS["group_info"], world_size=2, view=None)
     assert res.returns == {0: (0, 2, "gloo"), 1: (1, 2, "gloo")}
@@ -184,6 +188,7 @@ def test_run_script_torchrun_and_python_modes(tmp_path):
     assert "spawned 0" in res.logs[0] and "spawned 1" in res.logs[0]
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_max_restarts_reruns_every_rank_and_keeps_each_attempts_log():
     ns = run_cells("""
     import os

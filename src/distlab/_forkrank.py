@@ -7,6 +7,7 @@ script as ``__main__``: the script stays the single truth in both start modes.
 The server imported this module, torch and ``torch.distributed`` once; nothing the user wrote
 was imported there, so the script's imports of the user's modules are fresh in every rank.
 """
+import atexit
 import importlib
 import os
 import sys
@@ -33,11 +34,13 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     _write_output_to(stdout, stderr)
     _set_thread_count(env)
     importlib.invalidate_caches()  # files written since the server started must be found
+    atexit._clear()  # the server's exit handlers are not this rank's
     try:
         worker.bootstrap([run_json, target, *target_args], parent_pid=kernel["server_pid"])
     except SystemExit as e:  # `sys.exit(0)` in a script is a success, as under `python`
         if e.code not in (None, 0):
             raise
+    atexit._run_exitfuncs()  # what the script registered, as the interpreter runs them at exit
 
 
 def _close_alive_pipe() -> None:

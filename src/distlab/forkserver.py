@@ -139,13 +139,23 @@ class _Keeper(threading.Thread):
         while True:
             reply = self.requests.get()
             try:
-                _SERVER.ensure_running()
+                _start_server()
                 reply.put(_SERVER._forkserver_pid)
             except BaseException as e:  # handed to the caller
                 reply.put(e)
 
 
 _KEEPER: _Keeper | None = None
+
+
+def _start_server() -> None:
+    """``ForkServer.ensure_running`` fixes the kernel's default start method as a side effect (it
+    asks for it); undo that, so a user's later ``mp.set_start_method`` still works."""
+    default = mp_context._default_context
+    unset = default.get_start_method(allow_none=True) is None
+    _SERVER.ensure_running()
+    if unset:
+        default._actual_context = None
 
 
 def ensure_server() -> int:
