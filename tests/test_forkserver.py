@@ -104,6 +104,7 @@ import torch.distributed as dist
 
 def state(rank, port):
     fresh = "edited_mod" not in sys.modules
+    preloaded = "distlab._forkserver_boot" in sys.modules  # imported (with torch) by the server only
     import edited_mod
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)  # the user's own port
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -112,7 +113,8 @@ def state(rank, port):
     dist.destroy_process_group()
     return {"gone": os.environ.get("DISTLAB_GONE"), "new": os.environ.get("DISTLAB_NEW"), "cwd": os.getcwd(),
             "on_path": any(p.endswith("mods") for p in sys.path), "version": edited_mod.VERSION,
-            "fresh_import": fresh, "sum": t.item(), "parent": os.getppid(), "threads": torch.get_num_threads()}
+            "fresh_import": fresh, "sum": t.item(), "parent": os.getppid(), "threads": torch.get_num_threads(),
+            "preloaded": preloaded}
 
 def sleeper(rank):
     print("sleeping", flush=True)
@@ -201,6 +203,7 @@ def test_ranks_see_the_kernel_at_launch_and_die_with_it_and_so_does_the_server(t
             assert seen["cwd"] == str(work) and seen["on_path"], (name, seen)
             assert seen["fresh_import"] and seen["version"] == version, (name, seen)
             assert seen["sum"] == 2.0 and seen["threads"] == 1, (name, seen)
+            assert seen["preloaded"] == (name != "spawn"), (name, seen)
     assert {s["parent"] for s in (*state["first"].values(), *state["second"].values())} == {server}
     assert {s["parent"] for s in state["spawn"].values()} == {state["kernel"]}
 

@@ -23,6 +23,7 @@ import os
 import queue
 import sys
 import threading
+from multiprocessing import connection as mp_connection
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver as mp_forkserver
 from multiprocessing import popen_forkserver, reduction, util
@@ -94,7 +95,9 @@ class _RankPopen(popen_forkserver.Popen):
         self._pid = value
 
     def poll(self, flag=os.WNOHANG):
-        if self.returncode is None:
+        if self.returncode is None and self._pid is None:
+            if flag == os.WNOHANG and not mp_connection.wait([self.sentinel], 0):
+                return None  # not even forked yet (``Process.start`` polls older children)
             self.pid  # noqa: B018  (consume the pid before reading the exit code)
         return super().poll(flag)
 
