@@ -253,3 +253,34 @@ def test_exit_handlers_of_a_rank_run_when_it_ends(tmp_path):
     """)
     distlab.spawn(ns["register_goodbye"], args=(str(tmp_path),), nprocs=2, view=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["goodbye0", "goodbye1"]
+
+
+@pytest.mark.slow
+def test_the_watcher_finds_forked_ranks_by_rank(tmp_path):
+    """A forked rank's /proc environment is the server's: the watcher asks distlab's registry."""
+    from distlab import watch
+    from distlab.teach import failures as lab
+
+    ns = run_cells("""
+    import os
+    import time
+    def wait_for(rank, flag):
+        while not os.path.exists(flag):
+            time.sleep(0.05)
+    """)
+    flag = tmp_path / "go"
+    run = distlab.spawn(ns["wait_for"], args=(str(flag),), nprocs=2, join=False, view=None, start="forkserver")
+    run_id, ready_dir = run.plan.elastic_run_id, run.plan.run_dir / "ready"
+    deadline = time.time() + 60
+    while len(list(ready_dir.glob("rank*"))) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    ready = {int(p.name[4:]): int(p.read_text()) for p in ready_dir.glob("rank*")}
+    found = launchmode.forked_ranks(run_id)
+    assert {rank: p.pid for rank, p in found.items()} == ready and len(ready) == 2
+    assert {p.pid for p in watch.our_workers(run_id)} == set(ready.values())
+    left = {p.pid for p in lab.worker_processes()}  # chapter 9's leftover check: ranks count, the server not
+    assert set(ready.values()) <= left and launchmode.forkserver_pid() not in left
+    flag.touch()
+    run.join(timeout=60)
+    assert launchmode.forked_ranks(run_id) == {}
+    assert launchmode.forkserver_pid() is not None and lab.no_workers_left()

@@ -85,8 +85,10 @@ def add_unreported_failures(exc, processes: list, error_files: dict[int, str]) -
     """
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+    from . import forkserver
+
     for index, proc in enumerate(processes):
-        rank = _local_rank(proc, index)
+        rank = forkserver.rank_of(proc, index)
         if rank in exc.failures:
             continue
         path = error_files.get(rank, "")
@@ -96,8 +98,3 @@ def add_unreported_failures(exc, processes: list, error_files: dict[int, str]) -
         exc.failures[rank] = ProcessFailure(local_rank=rank, pid=proc.pid, exitcode=code or 1,
                                             error_file=path or "<N/A>")
 
-
-def _local_rank(proc, index: int) -> int:
-    """torch.multiprocessing passes the process index as its target's second argument."""
-    args = getattr(proc, "_args", ())
-    return args[1] if len(args) > 1 and isinstance(args[1], int) else index

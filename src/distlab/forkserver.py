@@ -62,6 +62,7 @@ class _RankPopen(popen_forkserver.Popen):
     handle = None  # psutil.Process of the rank, made when its pid arrives (it cannot be reused yet)
 
     def _launch(self, process_obj):
+        self.rank = rank_of(process_obj)
         payload = io.BytesIO()
         mp_context.set_spawning_popen(self)
         try:
@@ -176,6 +177,11 @@ def ensure_server() -> int:
     return outcome
 
 
+def server_pid() -> int | None:
+    """The server's pid while it runs, else None."""
+    return _SERVER._forkserver_pid
+
+
 @contextlib.contextmanager
 def launching(run_id: str):
     """Remember the ranks this thread starts for ``run_id``; yields the list of their processes."""
@@ -187,8 +193,9 @@ def launching(run_id: str):
         _LAUNCH.run_id = _LAUNCH.processes = None
 
 
-def live_ranks(run_id: str) -> list:
-    """The run's forked ranks that are still alive (for the watcher's timeout and clean-up)."""
+def live_ranks(run_id: str) -> dict:
+    """rank -> psutil.Process of the run's forked ranks still alive (for the watcher's timeout,
+    stack dumps and clean-up). A rank whose number is unknown gets a negative key."""
     import psutil
 
     with _LOCK:
@@ -207,4 +214,11 @@ def live_ranks(run_id: str) -> list:
             _RANKS[run_id] = alive
         else:
             _RANKS.pop(run_id, None)
-    return [popen.handle for popen in alive]
+    return {popen.rank if popen.rank is not None else -1 - i: popen.handle for i, popen in enumerate(alive)}
+
+
+def rank_of(process_obj, default=None):
+    """The local rank of a process torch.multiprocessing started: its target's second argument
+    (``torch.multiprocessing.spawn._wrap(fn, i, args, error_file)``). Single node: the rank."""
+    args = getattr(process_obj, "_args", ())
+    return args[1] if len(args) > 1 and isinstance(args[1], int) else default

@@ -71,7 +71,18 @@ def rank_environment(kernel_env: dict, current: dict) -> dict:
 
 
 
-def forked_ranks(run_id: str) -> list:
-    """Live ranks of ``run_id`` forked from distlab's forkserver (none if it never started)."""
+def forked_ranks(run_id: str) -> dict:
+    """rank -> psutil.Process of the live ranks of ``run_id`` forked from distlab's forkserver.
+
+    Their ``/proc`` environment and command line are the server's, so the watcher's search by
+    TORCHELASTIC_RUN_ID (and RANK, ``distlab._start``) cannot find them: it asks here too.
+    """
     module = sys.modules.get("distlab.forkserver")
-    return module.live_ranks(run_id) if module is not None else []
+    return module.live_ranks(run_id) if module is not None else {}
+
+
+def forkserver_pid() -> int | None:
+    """The pid of distlab's forkserver in this process, if it runs: a helper that lives as long as
+    the kernel by design (the ranks it forks are workers, it is not)."""
+    module = sys.modules.get("distlab.forkserver")
+    return module.server_pid() if module is not None else None

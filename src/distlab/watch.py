@@ -29,7 +29,7 @@ def our_workers(run_id: str) -> list[psutil.Process]:
     # -- start-mode hook (#18): a forked rank's /proc environment is the forkserver's, not its own
     from .launchmode import forked_ranks
 
-    return found + [p for p in forked_ranks(run_id) if p not in found]
+    return found + [p for p in forked_ranks(run_id).values() if p not in found]
 
 
 def stop_workers(run_id: str, grace_s: float = 2.0) -> int:
