@@ -4,8 +4,8 @@ that has already imported torch, as a kernel has.
     distlab               distlab.spawn(job, nprocs=2): ranks forked from distlab's forkserver (warm)
     distlab first         the first such launch in this process: it also starts the forkserver
     distlab start=spawn   distlab.spawn(..., start="spawn"): fresh interpreters, as torchrun starts them
-    forkserver floor      the same job in two processes of multiprocessing's forkserver preloaded with
-                          torch (no torchelastic, no script, no logs): what forking ranks costs here
+    mp forkserver         the same job in two processes of multiprocessing's own forkserver, preloaded
+                          with torch (no torchelastic, no script, no logs; its heap is not in huge pages)
     bare                  two subprocess.Popen workers running the same job from a script file
     mp.spawn script       `python job_mp.py` (whole process: interpreter + torch import + mp.spawn)
     torchrun              `torchrun --nproc-per-node 2 job_env.py` (whole process)
@@ -60,7 +60,7 @@ def job(rank, world_size):
 
 
 def job_on_port(rank, world_size, port):
-    """The job for the forkserver floor: rank 0 hosts the store, as under mp.spawn."""
+    """The job for multiprocessing's forkserver: rank 0 hosts the store, as under mp.spawn."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     job(rank, world_size)
 
@@ -96,7 +96,7 @@ def time_distlab(start_method: str = "forkserver") -> float:
     return time.perf_counter() - start
 
 
-def time_forkserver_floor() -> float:
+def time_mp_forkserver() -> float:
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
@@ -107,7 +107,7 @@ def time_forkserver_floor() -> float:
         p.start()
     for p in procs:
         p.join()
-    assert all(p.exitcode == 0 for p in procs), "a forkserver floor worker failed"
+    assert all(p.exitcode == 0 for p in procs), "a multiprocessing forkserver worker failed"
     return time.perf_counter() - start
 
 
@@ -141,8 +141,8 @@ def measure(repeats: int, scripts: bool, folder: Path, quick: bool = False) -> d
     few = max(1, repeats // 3)
     if not quick:
         times["distlab start=spawn"] = [time_distlab("spawn") for _ in range(few)]
-        time_forkserver_floor()  # starts multiprocessing's forkserver
-        times["forkserver floor"] = [time_forkserver_floor() for _ in range(repeats)]
+        time_mp_forkserver()  # starts multiprocessing's forkserver
+        times["mp forkserver"] = [time_mp_forkserver() for _ in range(repeats)]
     if scripts:
         torchrun = str(Path(sys.executable).with_name("torchrun"))
         times["mp.spawn script"] = [time_command([sys.executable, str(mp_script)]) for _ in range(few)]
@@ -155,7 +155,7 @@ def measure(repeats: int, scripts: bool, folder: Path, quick: bool = False) -> d
 def main() -> None:
     import multiprocessing
 
-    # the floor's children re-import this file as __mp_main__: everything it imports is preloaded
+    # multiprocessing's forkserver children re-import this file as __mp_main__: preload its imports
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "distlab"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
