@@ -284,3 +284,30 @@ def test_the_watcher_finds_forked_ranks_by_rank(tmp_path):
     run.join(timeout=60)
     assert launchmode.forked_ranks(run_id) == {}
     assert launchmode.forkserver_pid() is not None and lab.no_workers_left()
+
+
+SYS_PATH_DRIVER = f"""
+import json, os, sys
+sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, sys.argv[1])  # this checkout of distlab, found only through the kernel's sys.path
+from fake_kernel import run_cells
+import distlab
+ns = run_cells("import os\\nimport distlab\\n"
+               "def where(rank):\\n    return distlab.__file__, os.environ.get('PYTHONPATH')\\n")
+res = distlab.spawn(ns["where"], nprocs=1, view=None, start="forkserver")
+print("WHERE", json.dumps({{"kernel": distlab.__file__, "rank": res.returns[0][0], "rank_pythonpath": res.returns[0][1],
+                           "kernel_pythonpath": os.environ.get("PYTHONPATH")}}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_server_imports_the_kernels_distlab_even_one_found_through_sys_path(tmp_path):
+    src = Path(distlab.__file__).parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DISTLAB_START")}
+    env["DISTLAB_RUNS"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", SYS_PATH_DRIVER, str(src)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    where = json.loads(done.stdout.split("WHERE ", 1)[1].splitlines()[0])
+    assert where["rank"] == where["kernel"] == str(src / "distlab" / "__init__.py")
+    assert where["rank_pythonpath"] is None and where["kernel_pythonpath"] is None

@@ -153,13 +153,47 @@ _KEEPER: _Keeper | None = None
 
 
 def _start_server() -> None:
-    """``ForkServer.ensure_running`` fixes the kernel's default start method as a side effect (it
-    asks for it); undo that, so a user's later ``mp.set_start_method`` still works."""
+    """Start the server so that it imports *this* distlab, and leave the kernel as it was.
+
+    The server is a fresh interpreter with the kernel's environment: it would import whatever
+    distlab that environment finds, not one the kernel found through its own ``sys.path``
+    (a checkout added in a notebook). ``ForkServer.ensure_running`` also fixes the kernel's default
+    start method as a side effect (it asks for it); that is undone, so a user's later
+    ``mp.set_start_method`` still works.
+    """
     default = mp_context._default_context
     unset = default.get_start_method(allow_none=True) is None
-    _SERVER.ensure_running()
+    with _pythonpath_first(distlab_root()):
+        _SERVER.ensure_running()
     if unset:
         default._actual_context = None
+
+
+def distlab_root() -> str | None:
+    """The folder holding this ``distlab`` package, unless it is a site-packages folder (a fresh
+    interpreter finds an installed distlab itself, and site-packages must not come before the
+    standard library)."""
+    import site
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sites = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    return None if root in sites else root
+
+
+@contextlib.contextmanager
+def _pythonpath_first(folder: str | None):
+    """PYTHONPATH with ``folder`` first while the server is started (it inherits the environment)."""
+    old = os.environ.get("PYTHONPATH")
+    if folder is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder, *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if folder is not None:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
 
 
 def ensure_server() -> int:
