@@ -67,3 +67,11 @@ def run_as_rank0(tmp_path, monkeypatch):
         return returned[0], script.read_text()
 
     return run
+
+
+@pytest.fixture(params=["forkserver", "spawn"])
+def start_mode(request, monkeypatch):
+    """Run a launcher test once per start mode: ranks forked from distlab's forkserver, and fresh
+    interpreters (``DISTLAB_START`` is what ``start="auto"`` follows)."""
+    monkeypatch.setenv("DISTLAB_START", request.param)
+    return request.param

@@ -63,12 +63,12 @@ CELLS = run_cells(
         time.sleep(seconds)
     """,
     """
-    def listening_sockets(rank, world_size):
+    def listening_sockets(rank, world_size, launcher_pid):
         import psutil
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         dist.barrier()
         mine = [c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
-        parent = [c.laddr.ip for c in psutil.Process(os.getppid()).net_connections("inet") if c.status == "LISTEN"]
+        parent = [c.laddr.ip for c in psutil.Process(launcher_pid).net_connections("inet") if c.status == "LISTEN"]
         dist.barrier()
         dist.destroy_process_group()
         return {"worker": mine, "parent": parent}
@@ -90,6 +90,7 @@ def no_workers_left(run_dir) -> bool:
     return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_spawn_runs_notebook_code_and_brings_everything_back():
     res = distlab.spawn(CELLS["all_reduce_work"], args=(2, torch.ones(2)), nprocs=2, view=None)
     assert torch.equal(res.returns[0]["sum"], torch.tensor([3.0, 3.0]))
@@ -101,6 +102,7 @@ def test_spawn_runs_notebook_code_and_brings_everything_back():
     assert res.returns[0]["port"] == res.returns[1]["port"]
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_first_failing_rank_is_named_with_its_traceback_quickly():
     start = time.time()
     with pytest.raises(WorkerFailedError) as e:
@@ -115,24 +117,29 @@ def test_first_failing_rank_is_named_with_its_traceback_quickly():
     assert no_workers_left(err.result.run_dir)
 
 
-def test_hang_times_out_with_each_ranks_stack():
+def test_hang_times_out_with_each_ranks_stack(start_mode):
+    # The ranks must be running when the time runs out. A first launch starts the forkserver, and says
+    # how long fresh interpreters take to start now (they import torch: seconds on a loaded machine).
+    started = distlab.spawn(CELLS["sleeper"], args=(0,), nprocs=2, view=None).wall_s
+    timeout = max(20.0, 3 * started)  # on a loaded 2-core machine `import torch` alone took > 6 s
     start = time.time()
-    with pytest.raises(WorkerTimeoutError) as e:  # 20 s: on a loaded 2-core machine `import torch` alone took > 6 s
-        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=20, view=None)
+    with pytest.raises(WorkerTimeoutError) as e:
+        distlab.spawn(CELLS["hang_on_rank_zero"], args=(2,), nprocs=2, timeout=timeout, view=None)
     stacks = e.value.stacks
     assert "in all_reduce" in stacks[0] and "in hang_on_rank_zero" in stacks[0]
     assert "in all_reduce" not in stacks[1] and "in hang_on_rank_zero" in stacks[1]
-    assert time.time() - start < 40
+    assert time.time() - start < timeout + 20
     assert no_workers_left(e.value.result.run_dir)
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_launch_initialises_the_group_for_the_user():
     res = distlab.launch(CELLS["group_info"], world_size=2, view=None)
     assert res.returns == {0: (0, 2, "gloo"), 1: (1, 2, "gloo")}
 
 
 def test_single_node_run_listens_on_loopback_only():
-    res = distlab.spawn(CELLS["listening_sockets"], args=(2,), nprocs=2, view=None)
+    res = distlab.spawn(CELLS["listening_sockets"], args=(2, os.getpid()), nprocs=2, view=None)
     for rank in (0, 1):
         addresses = res.returns[rank]["worker"] + res.returns[rank]["parent"]
         assert res.returns[rank]["parent"], "the launcher's store should be listening"
@@ -184,6 +191,7 @@ def test_run_script_torchrun_and_python_modes(tmp_path):
     assert "spawned 0" in res.logs[0] and "spawned 1" in res.logs[0]
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_max_restarts_reruns_every_rank_and_keeps_each_attempts_log():
     ns = run_cells("""
     import os

@@ -48,6 +48,7 @@ def alive(pids):
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_interrupt_stops_workers_and_the_next_launch_works(tmp_path):
     proc, pids = start_driver(tmp_path)
     os.kill(proc.pid, signal.SIGINT)  # what Jupyter's "interrupt kernel" sends
@@ -59,6 +60,7 @@ def test_interrupt_stops_workers_and_the_next_launch_works(tmp_path):
     assert (run_dir / "sleeper.py").exists() and "sleeping" in (run_dir / "logs/attempt0/rank1.out").read_text()
 
 
+@pytest.mark.usefixtures("start_mode")
 def test_killed_kernel_leaves_no_orphans_even_stopped_ones(tmp_path):
     proc, pids = start_driver(tmp_path)
     os.kill(pids[0], signal.SIGSTOP)  # a stopped worker cannot run any watchdog of its own

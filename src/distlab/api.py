@@ -9,7 +9,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import capture, config, engine, origins, script
+from . import capture, config, engine, launchmode, origins, script
 from .compat import check_torch
 from .display import make_view
 from .errors import LaunchArgumentError
@@ -18,22 +18,25 @@ from .runfolder import RunFolder, open_private, write_private
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
-          view="auto", max_restarts: int = 0) -> RunResult:
+          view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
     """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
     ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
+    ``start``: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
+    CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
+    (see :mod:`distlab.launchmode`).
     """
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
-    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts)
+    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start)
 
 
 def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
-           timeout: float | None = None, view="auto", max_restarts: int = 0) -> RunResult:
+           timeout: float | None = None, view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
-    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``."""
+    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``. ``start`` as in :func:`spawn`."""
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
-    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts)
+    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts, start)
 
 
 def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
@@ -76,8 +79,9 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
 
 
 
-def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
+def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto"):
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
+    start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
     config.check_function(fn)
     args = config.check_args(args)
     nprocs = config.check_positive_int("nprocs", nprocs)
@@ -91,7 +95,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts):
     path = write_script(run_dir, captured, args, nprocs, style, backend)
     origins.save(path, getattr(fn, "func", fn).__globals__)  # worker tracebacks name the notebook cell
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
-                       max_restarts=max_restarts, script=path)
+                       max_restarts=max_restarts, script=path, start=start)
     if join:
         return engine.execute(plan, make_view(view, nprocs))
     return PendingRun(plan, make_view(view, nprocs))

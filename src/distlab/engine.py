@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import rendezvous, watch
+from . import forklaunch, rendezvous, watch
 from .compat import check_torch
 from .errors import (
     AGENT_FAILED,
@@ -70,6 +70,7 @@ class Plan:
     plain_python: bool = False  # run TARGET like `python TARGET`: no torchrun variables
     rdzv_id: str = "distlab"  # the c10d rendezvous id shared by all nodes (nnodes > 1)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    start: str = "spawn"  # "forkserver": ranks forked from distlab's torch-preloaded server (#18)
     cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
@@ -260,6 +261,9 @@ def _launch_agent(plan: Plan, run_json: Path) -> None:
         max_restarts=plan.max_restarts, monitor_interval=0.05,
         logs_specs=_run_logs(plan.folder), signals_to_handle="SIGINT,SIGTERM",
     )
+    # -- start-mode hook (#18): fork the ranks from distlab's forkserver; False: it could not start
+    if plan.start == "forkserver" and local and not plan.plain_python and forklaunch.run(config, plan, run_json):
+        return
     args = ["-u", "-m", "distlab._start", str(run_json), str(plan.target), *plan.target_args]
     elastic_launch(config, sys.executable)(*args)
 

@@ -34,14 +34,18 @@ def our_workers(run_id: str) -> list[psutil.Process]:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
-    return found
+    # -- start-mode hook (#18): a forked rank's /proc environment is the forkserver's, not its own
+    from .launchmode import forked_ranks
+
+    return found + [p for p in forked_ranks(run_id).values() if p not in found]
 
 
 def verified_workers(run_id: str, ready: dict[int, int]) -> dict[int, psutil.Process]:
     """rank -> process, for the ranks whose worker is surely ours and ready for SIGUSR1.
 
     A worker qualifies when it is a live descendant of this process, carries this run's
-    TORCHELASTIC_RUN_ID, was started as ``python -m distlab._start``, and is the pid its rank
+    TORCHELASTIC_RUN_ID, was started as ``python -m distlab._start`` (or forked by distlab's
+    forkserver for this run), and is the pid its rank
     wrote to ``ready/`` (written only after its stack-dump handler is installed: SIGUSR1 would
     kill a worker still importing).
     """
@@ -53,6 +57,10 @@ def verified_workers(run_id: str, ready: dict[int, int]) -> dict[int, psutil.Pro
                 found[rank] = p
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
             pass
+    # -- start-mode hook (#18): a forked rank is known by the pid distlab's own forkserver reported
+    from .launchmode import forked_ranks
+
+    found.update({r: p for r, p in forked_ranks(run_id).items() if ready.get(r) == p.pid})
     return found
 
 

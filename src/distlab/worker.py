@@ -164,9 +164,15 @@ def _write_error(exc: BaseException, text: str) -> None:
     write_private(Path(path), json.dumps(data))
 
 
-def bootstrap(argv: list[str]) -> None:
-    """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``)."""
+def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
+    """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``).
+
+    ``parent_pid``: the process to live and die with when it is not the launcher's (a rank forked
+    from distlab's forkserver, ``distlab._forkrank``, lives with the server).
+    """
     run = json.loads(Path(argv[0]).read_text())
+    if parent_pid is not None:
+        run["parent_pid"] = parent_pid
     _install(run)
     os.environ["DISTLAB_RUN_DIR"] = run["run_dir"]  # for report() in processes this rank starts
     if run.get("plain_python"):

@@ -37,7 +37,12 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
 
 def _is_multiprocessing_helper(p: psutil.Process) -> bool:
     """multiprocessing's resource tracker (started by the first ``mp.spawn`` or process pool in
-    this process) lives as long as its parent by design; it is not a worker."""
+    this process) and distlab's forkserver (started by the first launch; the ranks it forks are
+    workers) live as long as their parent by design; they are not workers."""
+    from distlab.launchmode import forkserver_pid
+
+    if p.pid == forkserver_pid():
+        return True
     try:
         return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
     except psutil.Error:

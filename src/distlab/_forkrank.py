@@ -1,0 +1,84 @@
+"""The first code a rank forked from distlab's forkserver runs (torchelastic's function entrypoint).
+
+It turns the forked process into what ``python -u -m distlab._start RUN_JSON TARGET ARGS`` would
+have been, then hands over to the same :func:`distlab.worker.bootstrap`, which runs the worker
+script as ``__main__``: the script stays the single truth in both start modes.
+
+The server imported this module, torch and ``torch.distributed`` once; nothing the user wrote
+was imported there, so the script's imports of the user's modules are fresh in every rank.
+"""
+import atexit
+import importlib
+import os
+import sys
+from multiprocessing import forkserver as mp_forkserver
+
+import psutil  # noqa: F401  (preloaded for worker._loopback_interface)
+import torch
+
+from . import worker
+from .launchmode import LOG_VARS, rank_environment
+
+
+def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> None:
+    """Run one rank. ``kernel``: the launching kernel's environment and the server's pid.
+
+    The kernel's working directory and ``sys.path`` at launch were applied before this call
+    (``distlab.forkserver.preparation_data``).
+    """
+    _close_alive_pipe()
+    stdout, stderr = (os.environ.get(name, "") for name in LOG_VARS)
+    env = rank_environment(kernel["env"], dict(os.environ))
+    os.environ.clear()
+    os.environ.update(env)
+    _write_output_to(stdout, stderr)
+    _set_thread_count(env)
+    importlib.invalidate_caches()  # files written since the server started must be found
+    atexit._clear()  # the server's exit handlers are not this rank's
+    try:
+        worker.bootstrap([run_json, target, *target_args], parent_pid=kernel["server_pid"])
+    except SystemExit as e:  # `sys.exit(0)` in a script is a success, as under `python`
+        if e.code not in (None, 0):
+            raise
+    atexit._run_exitfuncs()  # what the script registered, as the interpreter runs them at exit
+
+
+def _close_alive_pipe() -> None:
+    """The server exits when every copy of its "alive" pipe is closed; the kernel's copy must be
+    the last one, so that the server (and then this rank) goes when the kernel does."""
+    server = mp_forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+
+
+def _write_output_to(stdout: str, stderr: str) -> None:
+    """Point fds 1 and 2 at the rank's log files and make Python's streams unbuffered, like
+    ``python -u``: the launcher streams the logs live. (torchelastic does not redirect a forked
+    rank's output on macOS, so distlab does it everywhere.)"""
+    for fd, path in ((1, stdout), (2, stderr)):
+        if path:
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(target, fd)
+            os.close(target)
+    sys.stdout = _unbuffered(1, sys.stdout, "strict")
+    sys.stderr = _unbuffered(2, sys.stderr, "backslashreplace")
+
+
+def _unbuffered(fd: int, old, errors: str):
+    import io
+
+    encoding = getattr(old, "encoding", None) or "utf-8"
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, errors=errors,
+                            write_through=True)
+
+
+def _set_thread_count(env: dict) -> None:
+    """OpenMP read OMP_NUM_THREADS when the *server* loaded torch; apply the rank's value now.
+
+    The value is the one ``worker._install`` settles on (torchrun's rule: one thread per rank
+    when several ranks share the machine, unless the user chose).
+    """
+    wanted = env.get("OMP_NUM_THREADS") or ("1" if int(env.get("LOCAL_WORLD_SIZE", "1")) > 1 else "")
+    if wanted.isdigit() and int(wanted) > 0:
+        torch.set_num_threads(int(wanted))

@@ -1,0 +1,258 @@
+"""distlab's own forkserver: a process that imported torch once and forks every rank.
+
+Why a server and not ``fork`` of the kernel: a kernel that has used CUDA cannot fork safely (the
+most reported failure of fork-based notebook launchers). The server is started with a fresh
+``exec`` of Python (``multiprocessing``'s forkserver), imports torch, ``torch.distributed`` and
+distlab's worker runtime, and never touches CUDA; a rank forked from it starts in milliseconds.
+
+Why distlab's own instance, not ``multiprocessing``'s global one: distlab chooses what it
+preloads, the server dies with the kernel (``PR_SET_PDEATHSIG``), a user's own use of the
+forkserver is not affected, and the ranks do not import the kernel's ``__main__`` (they run
+the worker script as ``__main__``). torchelastic reaches it through a start method name,
+:data:`START_METHOD`, registered with ``multiprocessing``.
+
+Ranks are tracked per run (their ``/proc`` environment is the server's, so the usual search
+by ``TORCHELASTIC_RUN_ID`` cannot find them): see :func:`live_ranks`. POSIX only: import this
+module after :func:`distlab.launchmode.forkserver_works` said yes.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import queue
+import sys
+import threading
+from multiprocessing import connection as mp_connection
+from multiprocessing import context as mp_context
+from multiprocessing import forkserver as mp_forkserver
+from multiprocessing import popen_forkserver, reduction, util
+from multiprocessing import process as mp_process
+
+START_METHOD = "distlab-forkserver"
+PRELOAD = ["distlab._forkserver_boot"]  # torch and distlab's rank runtime: see that module
+
+_SERVER = mp_forkserver.ForkServer()
+_SERVER.set_forkserver_preload(PRELOAD)
+_RANKS: dict[str, list] = {}  # run id -> the _RankPopen of each rank this kernel forked for it
+_LAUNCH = threading.local()  # the run a thread is launching (torchelastic starts ranks in that thread)
+_LOCK = threading.Lock()
+
+
+def preparation_data(name: str) -> dict:
+    """What a forked child applies before it unpickles its target: the kernel's sys.path and cwd.
+
+    ``multiprocessing`` would also make the child import the kernel's ``__main__`` and fix its
+    default start method; a rank needs neither (it runs the worker script as ``__main__``).
+    """
+    cwd = os.getcwd()
+    return {"name": name, "authkey": bytes(mp_process.current_process().authkey), "dir": cwd,
+            "sys_path": [p if p else cwd for p in sys.path]}
+
+
+class _RankPopen(popen_forkserver.Popen):
+    """Starts a process through distlab's server instead of ``multiprocessing``'s global one.
+
+    The pid is read when first asked for, not here: torchelastic's loop can then ask the server
+    for the next rank while this one is still being forked (a fork of a process holding torch
+    costs tens of milliseconds).
+    """
+
+    _pid = None
+    handle = None  # psutil.Process of the rank, made when its pid arrives (it cannot be reused yet)
+
+    def _launch(self, process_obj):
+        self.rank = rank_of(process_obj)
+        payload = io.BytesIO()
+        mp_context.set_spawning_popen(self)
+        try:
+            reduction.dump(preparation_data(process_obj.name), payload)
+            reduction.dump(process_obj, payload)
+        finally:
+            mp_context.set_spawning_popen(None)
+        self._pid_lock = threading.Lock()
+        self.sentinel, data_w = _SERVER.connect_to_new_process(self._fds)
+        parent_w = os.dup(data_w)  # the child reads EOF here when the launcher dies
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(data_w, "wb", closefd=True) as f:
+            f.write(payload.getbuffer())
+
+    @property
+    def pid(self) -> int:
+        """The server writes the pid first on the sentinel pipe, the exit code later."""
+        with self._pid_lock:
+            if self._pid is None:
+                import psutil
+
+                self._pid = mp_forkserver.read_signed(self.sentinel)
+                try:
+                    self.handle = psutil.Process(self._pid)
+                except psutil.NoSuchProcess:
+                    pass
+            return self._pid
+
+    @pid.setter
+    def pid(self, value: int) -> None:
+        self._pid = value
+
+    def poll(self, flag=os.WNOHANG):
+        if self.returncode is None and self._pid is None:
+            if flag == os.WNOHANG and not mp_connection.wait([self.sentinel], 0):
+                return None  # not even forked yet (``Process.start`` polls older children)
+            self.pid  # noqa: B018  (consume the pid before reading the exit code)
+        return super().poll(flag)
+
+
+class RankProcess(mp_context.ForkServerProcess):
+    """A rank forked by distlab's server; remembered under the run that started it."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _RankPopen(process_obj)
+
+    def start(self):
+        super().start()
+        with _LOCK:
+            _RANKS.setdefault(getattr(_LAUNCH, "run_id", None), []).append(self._popen)
+        started = getattr(_LAUNCH, "processes", None)
+        if started is not None:
+            started.append(self)
+
+
+class _Context(mp_context.ForkServerContext):
+    Process = RankProcess
+
+
+def register() -> None:
+    """Let torchelastic (``multiprocessing.get_context(START_METHOD)``) find distlab's context."""
+    mp_context._concrete_contexts.setdefault(START_METHOD, _Context())
+
+
+class _Keeper(threading.Thread):
+    """Starts (and restarts) the server from one thread that lives as long as the kernel.
+
+    On Linux the server asks for SIGKILL when its parent *thread* ends (``PR_SET_PDEATHSIG``), so
+    it must not be started by a launch's own thread (a ``join=False`` run ends with its thread).
+    """
+
+    def __init__(self):
+        super().__init__(daemon=True, name="distlab-forkserver")
+        self.requests: queue.Queue = queue.Queue()
+
+    def run(self) -> None:
+        while True:
+            reply = self.requests.get()
+            try:
+                _start_server()
+                reply.put(_SERVER._forkserver_pid)
+            except BaseException as e:  # handed to the caller
+                reply.put(e)
+
+
+_KEEPER: _Keeper | None = None
+
+
+def _start_server() -> None:
+    """Start the server so that it imports *this* distlab, and leave the kernel as it was.
+
+    The server is a fresh interpreter with the kernel's environment: it would import whatever
+    distlab that environment finds, not one the kernel found through its own ``sys.path``
+    (a checkout added in a notebook). ``ForkServer.ensure_running`` also fixes the kernel's default
+    start method as a side effect (it asks for it); that is undone, so a user's later
+    ``mp.set_start_method`` still works.
+    """
+    default = mp_context._default_context
+    unset = default.get_start_method(allow_none=True) is None
+    with _pythonpath_first(distlab_root()):
+        _SERVER.ensure_running()
+    if unset:
+        default._actual_context = None
+
+
+def distlab_root() -> str | None:
+    """The folder holding this ``distlab`` package, unless it is a site-packages folder (a fresh
+    interpreter finds an installed distlab itself, and site-packages must not come before the
+    standard library)."""
+    import site
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sites = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    return None if root in sites else root
+
+
+@contextlib.contextmanager
+def _pythonpath_first(folder: str | None):
+    """PYTHONPATH with ``folder`` first while the server is started (it inherits the environment)."""
+    old = os.environ.get("PYTHONPATH")
+    if folder is not None:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder, *([old] if old else [])])
+    try:
+        yield
+    finally:
+        if folder is not None:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+
+
+def ensure_server() -> int:
+    """Start the server if it is not running (about a second: it imports torch); return its pid."""
+    global _KEEPER
+    with _LOCK:
+        if _KEEPER is None:
+            _KEEPER = _Keeper()
+            _KEEPER.start()
+    reply: queue.Queue = queue.Queue()
+    _KEEPER.requests.put(reply)
+    outcome = reply.get()
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def server_pid() -> int | None:
+    """The server's pid while it runs, else None."""
+    return _SERVER._forkserver_pid
+
+
+@contextlib.contextmanager
+def launching(run_id: str):
+    """Remember the ranks this thread starts for ``run_id``; yields the list of their processes."""
+    processes: list[RankProcess] = []
+    _LAUNCH.run_id, _LAUNCH.processes = run_id, processes
+    try:
+        yield processes
+    finally:
+        _LAUNCH.run_id = _LAUNCH.processes = None
+
+
+def live_ranks(run_id: str) -> dict:
+    """rank -> psutil.Process of the run's forked ranks still alive (for the watcher's timeout,
+    stack dumps and clean-up). A rank whose number is unknown gets a negative key."""
+    import psutil
+
+    with _LOCK:
+        tracked = list(_RANKS.get(run_id, ()))
+    alive = []
+    for popen in tracked:
+        try:
+            popen.pid  # noqa: B018  (makes popen.handle)
+            if popen.handle is not None and popen.handle.is_running() and \
+                    popen.handle.status() != psutil.STATUS_ZOMBIE:
+                alive.append(popen)
+        except (OSError, EOFError, psutil.Error):  # never forked, or gone
+            pass
+    with _LOCK:
+        if alive:
+            _RANKS[run_id] = alive
+        else:
+            _RANKS.pop(run_id, None)
+    return {popen.rank if popen.rank is not None else -1 - i: popen.handle for i, popen in enumerate(alive)}
+
+
+def rank_of(process_obj, default=None):
+    """The local rank of a process torch.multiprocessing started: its target's second argument
+    (``torch.multiprocessing.spawn._wrap(fn, i, args, error_file)``). Single node: the rank."""
+    args = getattr(process_obj, "_args", ())
+    return args[1] if len(args) > 1 and isinstance(args[1], int) else default

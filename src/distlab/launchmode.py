@@ -1,0 +1,88 @@
+"""How ranks start: forked from distlab's forkserver, or as fresh interpreters. Pure rules.
+
+``start="forkserver"`` (the default where it works) forks each rank from a server process that
+imported torch once, so a launch costs tens of milliseconds instead of an interpreter start and
+``import torch`` per rank. The server was started with a fresh ``exec`` and never touches CUDA,
+so it stays safe after the kernel has used a GPU. ``start="spawn"`` starts every rank as a
+fresh interpreter (``python -m distlab._start``), as torchrun does.
+
+Nothing here starts a process: the choice and the environment a rank ends up with are plain
+functions, tested without processes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .errors import LaunchArgumentError
+
+START_CHOICES = ("auto", "forkserver", "spawn")
+START_ENV = "DISTLAB_START"  # overrides start="auto", e.g. to run a whole test suite in one mode
+FORKSERVER_PLATFORMS = ("linux", "darwin")
+AGENT_VARS = "DISTLAB_AGENT_VARS"  # names of the variables torchelastic gave a forked rank
+LOG_VARS = ("DISTLAB_RANK_STDOUT", "DISTLAB_RANK_STDERR")  # the rank's log files, for the rank itself
+
+
+def check_start(start) -> None:
+    """Raised before any process starts, like every argument error."""
+    if start not in START_CHOICES:
+        raise LaunchArgumentError("start", start, f"unknown start method; choose one of {START_CHOICES}",
+                                  '"spawn" starts fresh interpreters (slower, the way torchrun does).')
+
+
+def resolve_start(start: str, env=None, platform: str | None = None, forkserver_works: bool = True) -> str:
+    """``"forkserver"`` or ``"spawn"``: what a launch asked for, falling back where a forkserver
+    cannot work (a platform other than Linux/macOS, or no fd passing in ``multiprocessing``)."""
+    check_start(start)
+    env = os.environ if env is None else env
+    if start == "auto":
+        start = env.get(START_ENV, "auto")
+        if start not in START_CHOICES:
+            raise LaunchArgumentError(START_ENV, start, f"unknown start method; choose one of {START_CHOICES}")
+    if start == "spawn":
+        return "spawn"
+    platform = sys.platform if platform is None else platform
+    supported = forkserver_works and platform.startswith(FORKSERVER_PLATFORMS)
+    return "forkserver" if supported else "spawn"
+
+
+def forkserver_works() -> bool:
+    """Whether this Python can pass fds to a forkserver and accept distlab's start method."""
+    try:
+        from multiprocessing import context, popen_forkserver  # noqa: F401  (ImportError on Windows)
+    except ImportError:
+        return False
+    return isinstance(getattr(context, "_concrete_contexts", None), dict)
+
+
+def rank_environment(kernel_env: dict, current: dict) -> dict:
+    """The environment a forked rank must run with: the kernel's *at launch*, plus torchelastic's.
+
+    A forked rank inherits the server's environment (the kernel's when the server started), and
+    torchelastic sets its variables (RANK, MASTER_PORT, ...) on top; their names arrive in
+    ``DISTLAB_AGENT_VARS``. A fresh interpreter would see ``{**kernel_env, **agent_vars}``.
+    """
+    names = [n for n in current.get(AGENT_VARS, "").split(",") if n]
+    env = dict(kernel_env)
+    env.update({n: current[n] for n in names if n in current})
+    for name in (AGENT_VARS, *LOG_VARS):
+        env.pop(name, None)
+    return env
+
+
+
+def forked_ranks(run_id: str) -> dict:
+    """rank -> psutil.Process of the live ranks of ``run_id`` forked from distlab's forkserver.
+
+    Their ``/proc`` environment and command line are the server's, so the watcher's search by
+    TORCHELASTIC_RUN_ID (and RANK, ``distlab._start``) cannot find them: it asks here too.
+    """
+    module = sys.modules.get("distlab.forkserver")
+    return module.live_ranks(run_id) if module is not None else {}
+
+
+def forkserver_pid() -> int | None:
+    """The pid of distlab's forkserver in this process, if it runs: a helper that lives as long as
+    the kernel by design (the ranks it forks are workers, it is not)."""
+    module = sys.modules.get("distlab.forkserver")
+    return module.server_pid() if module is not None else None
