@@ -1,7 +1,6 @@
 """Faults and network exposure with real worker processes (gloo, CPU)."""
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -11,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fake_kernel import run_cells
+from ports import reserved_port
 
 import distlab
 from distlab.errors import RunCancelledError, WorkerFailedError
@@ -53,12 +53,6 @@ CELLS = run_cells(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(condition, seconds: float, what: str) -> None:
     deadline = time.time() + seconds
     while not condition():
@@ -86,14 +80,15 @@ def alive(pids) -> list[int]:
 
 
 def test_a_user_chosen_master_port_is_served_on_loopback_only(tmp_path, start_mode):
-    port, flag = free_port(), tmp_path / "flag"
-    run = distlab.spawn(CELLS["user_port_job"], args=(2, port, str(flag)), nprocs=2, join=False, view=None)
-    try:
-        wait_for(lambda: sum("group is up" in log for log in rank_logs(run.plan.run_dir)) == 2, 180, "the group")
-        sockets = listening(psutil.Process().children(recursive=True))  # ranks, agent, forkserver: all ours
-    finally:
-        flag.write_text("go")
-        res = run.join(timeout=180)
+    flag = tmp_path / "flag"
+    with reserved_port() as port:
+        run = distlab.spawn(CELLS["user_port_job"], args=(2, port, str(flag)), nprocs=2, join=False, view=None)
+        try:
+            wait_for(lambda: sum("group is up" in log for log in rank_logs(run.plan.run_dir)) == 2, 180, "the group")
+            sockets = listening(psutil.Process().children(recursive=True))  # ranks, agent, forkserver: all ours
+        finally:
+            flag.write_text("go")
+            res = run.join(timeout=180)
     assert ("127.0.0.1", port) in sockets  # rank 0 hosts the store on the user's port...
     assert {ip for ip, _ in sockets} == {"127.0.0.1"}, sockets  # ...and nothing listens beyond loopback
     assert res.returns[0]["nccl"] == res.returns[0]["gloo"] == "lo"
@@ -124,6 +119,7 @@ CTRL_C_DRIVER = f"""
 import signal, sys, time
 sys.path.insert(0, {str(TESTS)!r})
 from fake_kernel import run_cells
+from ports import reserved_port
 import distlab
 ns = run_cells("import signal, time\\n"
                "def stubborn(rank):\\n"
@@ -190,13 +186,14 @@ except distlab.WorkerTimeoutError as e:
 def test_timeout_bounds_a_rendezvous_whose_other_node_never_comes(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("print('never runs: the other node never comes')\n")
-    driver = subprocess.Popen([sys.executable, "-c", RENDEZVOUS_DRIVER, str(job), f"127.0.0.1:{free_port()}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out = driver.communicate(timeout=120)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(driver.pid, signal.SIGKILL)
-        raise AssertionError("run_script(nnodes=2, timeout=5) was still waiting after 120 s") from None
+    with reserved_port() as port:
+        driver = subprocess.Popen([sys.executable, "-c", RENDEZVOUS_DRIVER, str(job), f"127.0.0.1:{port}"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out = driver.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(driver.pid, signal.SIGKILL)
+            raise AssertionError("run_script(nnodes=2, timeout=5) was still waiting after 120 s") from None
     assert "TIMEOUT after" in out, out
     seconds = float(out.split("TIMEOUT after ")[1].split()[0])
     assert 5 <= seconds < 40, out  # ~timeout; generous for a loaded 2-core machine

@@ -141,10 +141,10 @@ os.environ["DISTLAB_NEW"] = "set after"
 os.chdir(work)
 ns = run_cells({CELLS!r})
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import reserved_port
+
+def free_port():  # held until the driver exits (tests/ports.py): no one else can take it meanwhile
+    return reserved_port().__enter__()
 
 first = distlab.spawn(ns["state"], args=(free_port(),), nprocs=2, view=None)
 with open(os.path.join(mods, "edited_mod.py"), "w") as f:

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from ports import reserved_port
 from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
@@ -83,6 +83,7 @@ def shots(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A JupyterLab server: ``{"url", "token", "root", "proc"}``."""
+    reserved = reserved_port()
     base = tmp_path_factory.mktemp("lab")
     root, home = base / "root", base / "home"
     root.mkdir()
@@ -90,7 +91,7 @@ def lab(tmp_path_factory):
     for name, value in LAB_SETTINGS.items():
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
         (settings / name).write_text(json.dumps(value))
-    token, port = secrets.token_hex(16), _free_port()
+    token, port = secrets.token_hex(16), reserved.__enter__()  # held until the server stops (tests/ports.py)
     (home / "config").mkdir()
     (home / "config" / "jupyter_server_config.json").write_text(json.dumps(_server_config(token, port, root)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(":"),
@@ -111,6 +112,7 @@ def lab(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        reserved.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
@@ -135,12 +137,6 @@ def _server_config(token: str, port: int, root: Path) -> dict:
         "LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
                    "extension_manager": "readonly"},
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_server(url: str, token: str, proc, log: Path, limit_s: float = WAIT_S) -> None:

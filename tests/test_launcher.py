@@ -231,18 +231,18 @@ print("LOGS", res.logs)
 
 
 def test_run_script_two_nodes_over_loopback_with_c10d_rendezvous(tmp_path):
-    import socket
     import subprocess
     import sys
 
+    from ports import reserved_port
+
     job = tmp_path / "job.py"
     job.write_text(TWO_NODE_JOB)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
-    nodes = [subprocess.Popen([sys.executable, "-c", TWO_NODE_DRIVER, str(job), str(k), endpoint],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
-    outs = [p.communicate(timeout=150)[0] for p in nodes]
+    with reserved_port() as port:
+        endpoint = f"127.0.0.1:{port}"
+        nodes = [subprocess.Popen([sys.executable, "-c", TWO_NODE_DRIVER, str(job), str(k), endpoint],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+        outs = [p.communicate(timeout=150)[0] for p in nodes]
     assert all(p.returncode == 0 for p in nodes), outs
     joined = "".join(outs)
     assert "rank 0 of 2 sum 3.0" in joined and "rank 1 of 2 sum 3.0" in joined
