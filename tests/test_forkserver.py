@@ -256,6 +256,23 @@ def test_exit_handlers_of_a_rank_run_when_it_ends(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("start_mode")
+def test_every_rank_draws_its_own_random_numbers_as_a_fresh_process_would():
+    """Unseeded data differs per rank (chapter 6 shows the article's DummyDataset does)."""
+    ns = run_cells("""
+    import random
+    import numpy
+    import torch
+    def draw(rank):
+        return torch.randn(4).tolist(), random.random(), numpy.random.rand()
+    """)
+    draws = [d for _ in range(2) for d in distlab.spawn(ns["draw"], nprocs=2, view=None).returns.values()]
+    for kind in range(3):
+        values = [repr(d[kind]) for d in draws]
+        assert len(set(values)) == 4, f"generator {kind}: two ranks or two launches drew the same: {values}"
+
+
+@pytest.mark.slow
 def test_the_watcher_finds_forked_ranks_by_rank(tmp_path):
     """A forked rank's /proc environment is the server's: the watcher asks distlab's registry."""
     from distlab import watch

@@ -34,6 +34,7 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     _write_output_to(stdout, stderr)
     _set_thread_count(env)
     importlib.invalidate_caches()  # files written since the server started must be found
+    _fresh_random_state()
     atexit._clear()  # the server's exit handlers are not this rank's
     try:
         worker.bootstrap([run_json, target, *target_args], parent_pid=kernel["server_pid"])
@@ -41,6 +42,19 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
         if e.code not in (None, 0):
             raise
     atexit._run_exitfuncs()  # what the script registered, as the interpreter runs them at exit
+
+
+def _fresh_random_state() -> None:
+    """The random state a fresh interpreter would start with. torch seeds its generator from the
+    OS when it is imported, and NumPy its global one; a forked rank would inherit the server's,
+    so every rank (and every launch) would draw the same "random" numbers. Python's ``random``
+    reseeds itself after a fork. CUDA generators are seeded lazily, without touching the GPU."""
+    import torch
+
+    torch.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _close_alive_pipe() -> None:
