@@ -109,6 +109,23 @@ def test_pending_run_stays_joinable_after_a_ctrl_c_in_join(tmp_path, monkeypatch
     assert run.join(timeout=30) == "the result"
 
 
+def test_join_with_a_timeout_says_the_run_still_runs_then_raises_the_runs_own_error(tmp_path, monkeypatch):
+    release = threading.Event()
+
+    def execute_then_fail(plan, view):
+        release.wait(30)
+        raise RuntimeError("rank 1 failed")
+
+    monkeypatch.setattr(api.engine, "execute", execute_then_fail)
+    run = api.PendingRun(fake_plan(tmp_path), view=None)
+    with pytest.raises(TimeoutError, match=f"run {tmp_path} still running after 0.2s"):
+        run.join(timeout=0.2)
+    release.set()
+    for _ in range(2):  # the error is kept: every later join raises it again
+        with pytest.raises(RuntimeError, match="rank 1 failed"):
+            run.join(timeout=30)
+
+
 def test_cancel_asks_the_run_to_stop_and_waits_for_it(tmp_path, monkeypatch):
     def execute_until_cancelled(plan, view):
         plan.cancel.wait(30)
@@ -118,7 +135,7 @@ def test_cancel_asks_the_run_to_stop_and_waits_for_it(tmp_path, monkeypatch):
     run = api.PendingRun(fake_plan(tmp_path), view=None)
     assert not run.done()
     assert run.cancel(timeout=10) is True and run.done()
-    with pytest.raises(RunCancelledError):
+    with pytest.raises(RunCancelledError, match="cancelled"):
         run.join()
 
 

@@ -38,7 +38,7 @@ def test_cosine_and_relative_gap():
     assert practice.cosine(a, torch.tensor([2.0, 0.0])) == pytest.approx(1.0)
     assert practice.cosine(a, torch.tensor([0.0, 3.0])) == pytest.approx(0.0)
     assert practice.max_rel_gap([1.1, 2.0], [1.0, 2.0]) == pytest.approx(0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="differ in length: 1 vs 2"):
         practice.max_rel_gap([1.0], [1.0, 2.0])
 
 
@@ -127,13 +127,13 @@ def test_practice_checkers_reject_wrong_answers_with_a_hint():
     layer = nn.Linear(1024, 1024)
     with pytest.raises(AssertionError, match="uncompressed"):
         practice.check_hook_bytes(4 * (1024 * 1024 + 1024), layer, "bf16")
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"PowerSGD sends \(n \+ m\) \* rank"):
         practice.check_hook_bytes(123, layer, "powersgd", rank=4)
     with pytest.raises(AssertionError, match="local gradient"):
         practice.check_unused_grad(0.8, 0.8, 4, 1)
     with pytest.raises(AssertionError, match="peak"):
         practice.check_warmup_lr(0.8, 0.1, 256, 2048, 500, 125)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="Not quite: 'a lot'"):
         practice.check_warmup_lr("a lot", 0.1, 256, 2048, 500, 125)
 
 
@@ -198,10 +198,10 @@ def test_beyond_checkers():
     with pytest.raises(AssertionError, match="every DDP rank"):
         beyond.check_fsdp_bytes(16 * 7e9, psi=7_000_000_000, world=64)
     assert beyond.check_tp_message(8 * 2048 * 4096 * 2, tokens=8 * 2048, d=4096, bytes_per_element=2)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="partial outputs are summed"):
         beyond.check_tp_message(8 * 2048 * 4096 * 4, tokens=8 * 2048, d=4096, bytes_per_element=2)
     assert beyond.check_bubble(3 / 11, stages=4, microbatches=8)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"M \+ S - 1 slots"):
         beyond.check_bubble(3 / 8, stages=4, microbatches=8)
     assert beyond.check_bubble(None, stages=4, microbatches=8) is False
 

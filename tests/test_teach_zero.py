@@ -35,9 +35,11 @@ def test_one_rank_has_nothing_to_partition():
     assert {zero.zero_bytes(PSI, 1, s).total for s in zero.STAGES} == {16 * PSI}
 
 
-@pytest.mark.parametrize("stage,world", [(4, 2), (-1, 2), (1, 0)])
-def test_bad_stage_or_world_size_is_refused(stage, world):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("stage,world,problem", [(4, 2, "stage must be one of .* not 4"),
+                                                 (-1, 2, "stage must be one of .* not -1"),
+                                                 (1, 0, "world_size must be >= 1, not 0")])
+def test_bad_stage_or_world_size_is_refused(stage, world, problem):
+    with pytest.raises(ValueError, match=problem):
         zero.zero_bytes(PSI, world, stage)
 
 
