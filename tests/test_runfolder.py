@@ -40,19 +40,79 @@ def test_runs_go_to_a_private_per_user_root_made_with_mkdtemp(tmp_root):
     assert engine.new_run_dir("demo") != run  # a new name each time, never an existing folder
 
 
-@pytest.mark.parametrize("make, problem", [
-    (lambda p: p.symlink_to(p.parent), "it is a symbolic link"),
-    (lambda p: p.write_text("x"), "it is not a directory"),
-    (lambda p: (p.mkdir(), p.chmod(0o755)), "other users can access it (mode 0755)"),
-    (lambda p: (p.mkdir(), p.chmod(0o1777)), "other users can access it (mode 1777)"),
+NOT_YOURS = "Someone else created it first: set DISTLAB_RUNS to a folder of yours (for example ~/.cache/distlab-runs)"
+
+
+@pytest.mark.parametrize("make, problem, hint", [
+    (lambda p: p.symlink_to(p.parent), "it is a symbolic link",
+     "Another user may have planted it: remove it, or set DISTLAB_RUNS to a folder of yours."),
+    (lambda p: p.write_text("x"), "it is not a directory", "Remove it, or set DISTLAB_RUNS to a folder of yours."),
+    (lambda p: (p.mkdir(), p.chmod(0o755)), "other users can access it (mode 0755)",
+     "run `chmod 700 {root}`; or set DISTLAB_RUNS to a private folder."),
+    (lambda p: (p.mkdir(), p.chmod(0o1777)), "other users can access it (mode 1777)", "chmod 700"),
 ])
-def test_a_root_that_is_not_private_is_refused_with_a_clear_error(tmp_root, make, problem):
+def test_a_root_that_is_not_private_is_refused_with_a_clear_error(tmp_root, make, problem, hint):
     root = tmp_root / f"distlab-{os.getuid()}"
     make(root)
     with pytest.raises(RunFolderError, match="distlab: cannot use .* for run folders: ") as e:
         engine.new_run_dir("demo")
     assert problem in str(e.value) and str(root) in str(e.value)
-    assert "DISTLAB_RUNS" in str(e.value) or "chmod 700" in str(e.value)
+    assert hint.format(root=root) in str(e.value)
+
+
+def test_a_root_of_another_uid_names_both_owners(tmp_root):
+    from distlab.runfolder import check_private_dir
+
+    root = tmp_root / "theirs"
+    root.mkdir(mode=0o700)
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a folder away; test_shared_machine.py covers it with a second user")
+    os.chown(root, 65534, 65534)
+    with pytest.raises(RunFolderError) as e:
+        check_private_dir(root)
+    import pwd
+
+    me = f"user {pwd.getpwuid(os.geteuid()).pw_name} (uid {os.geteuid()})"
+    assert f"it belongs to user {pwd.getpwuid(65534).pw_name} (uid 65534), not to you ({me})" in str(e.value)
+    assert str(e.value).endswith(NOT_YOURS + ", or ask its owner to remove it.")
+
+
+def test_a_folder_you_may_not_look_at_or_create_is_refused_with_its_reason(tmp_root, monkeypatch):
+    from distlab import runfolder
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(runfolder.os, "mkdir", denied)
+    with pytest.raises(RunFolderError) as e:
+        runfolder.private_root(tmp_root / "runs")
+    assert f"{tmp_root / 'runs'}" in str(e.value)
+    assert "you cannot create it (Permission denied)" in str(e.value)
+    assert str(e.value).endswith("Set DISTLAB_RUNS to a folder of yours.")
+    monkeypatch.undo()
+    monkeypatch.setattr(runfolder.os, "lstat", denied)
+    with pytest.raises(RunFolderError) as e:
+        runfolder.check_private_dir(tmp_root)
+    assert "you may not even look at it (Permission denied)" in str(e.value)
+    assert str(e.value).endswith("It belongs to someone else: set DISTLAB_RUNS to a folder of yours.")
+
+
+def test_open_private_appends_or_truncates_and_never_follows_a_link(tmp_path):
+    from distlab.runfolder import open_private
+
+    path = tmp_path / "log"
+    with open_private(path) as f:
+        f.write("first\n")
+    with open_private(path, "a") as f:
+        f.write("second\n")
+    assert path.read_text() == "first\nsecond\n"
+    with open_private(path) as f:  # "w" by default: starts over
+        f.write("new\n")
+    assert path.read_text() == "new\n" and mode(path) == 0o600
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(OSError):
+        open_private(tmp_path / "link", "a")
+    assert path.read_text() == "new\n"
 
 
 def test_distlab_runs_wins_and_is_checked_the_same_way(tmp_path, monkeypatch):
@@ -60,6 +120,7 @@ def test_distlab_runs_wins_and_is_checked_the_same_way(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTLAB_RUNS", str(chosen))
     run = engine.new_run_dir("demo")
     assert run.parent == chosen and mode(chosen) == 0o700
+    assert mode(chosen.parent) == 0o700  # created for DISTLAB_RUNS too, private from the start
     chosen.chmod(0o750)
     with pytest.raises(RunFolderError, match="other users can access it"):
         engine.new_run_dir("demo")
