@@ -207,7 +207,8 @@ def test_a_long_run_that_still_writes_is_not_pruned(tmp_path):
     assert prune(root, keep_newest=0, now=now) == [run]
 
 
-def test_creating_a_run_prunes_old_ones(tmp_root):
+def test_creating_a_run_prunes_old_ones(tmp_root, monkeypatch):
+    monkeypatch.setattr("distlab.runfolder.PRUNE_EVERY_S", 0)
     root = private_root()
     stale = root / "20200101-000000-stale-x"
     stale.mkdir()
@@ -217,3 +218,18 @@ def test_creating_a_run_prunes_old_ones(tmp_root):
     assert stale.exists()  # the 20 newest so far
     RunFolder.create("fresh")
     assert not stale.exists()
+
+
+def test_a_process_prunes_a_root_on_its_first_run_then_at_most_every_ten_minutes(tmp_root, monkeypatch):
+    from distlab import runfolder
+
+    calls = []
+    monkeypatch.setattr(runfolder, "prune", lambda root: calls.append(root))
+    clock = [1000.0]
+    monkeypatch.setattr(runfolder.time, "monotonic", lambda: clock[0])
+    for _ in range(3):
+        RunFolder.create("launch")
+    assert calls == [private_root()]  # a launch does not read hundreds of old runs each time
+    clock[0] += runfolder.PRUNE_EVERY_S
+    RunFolder.create("launch")
+    assert len(calls) == 2

@@ -46,6 +46,8 @@ from .errors import RUN_FOLDER, RunFolderError
 ENV = "DISTLAB_RUNS"
 KEEP_NEWEST = 20
 KEEP_YOUNGER_S = 24 * 3600
+PRUNE_EVERY_S = 600  # pruning reads every run's logs (hundreds of runs after a day of work): not per launch
+_LAST_PRUNE: dict[str, float] = {}  # root -> when this process last pruned it
 SUBFOLDERS = ("logs", "stacks", "ready", "returns", "metrics")
 RUN_NAME = re.compile(r"^\d{8}-\d{6}-")
 RANK_FILE = re.compile(r"^rank(\d+)(\..*)?$")
@@ -186,9 +188,10 @@ class RunFolder:
 
     @classmethod
     def create(cls, name: str, root: Path | None = None, prune_old: bool = True) -> RunFolder:
-        """A fresh private run folder in the checked root; prunes old runs first."""
+        """A fresh private run folder in the checked root; prunes old runs first (on the first
+        run of this process, then at most every ``PRUNE_EVERY_S``)."""
         root = private_root(root)
-        if prune_old:
+        if prune_old and _prune_due(root):
             prune(root)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40] or "run"
         path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-", dir=root))
@@ -284,6 +287,16 @@ class RunFolder:
     def check(self) -> None:
         """Still a private folder of yours (checked again before anything in it is unpickled)."""
         check_private_dir(self.path)
+
+
+def _prune_due(root: Path, now: float | None = None) -> bool:
+    """True (and noted) when this process has not pruned ``root`` in the last ``PRUNE_EVERY_S``."""
+    now = time.monotonic() if now is None else now
+    last = _LAST_PRUNE.get(str(root))
+    if last is not None and now - last < PRUNE_EVERY_S:
+        return False
+    _LAST_PRUNE[str(root)] = now
+    return True
 
 
 def prune(root: Path, keep_newest: int = KEEP_NEWEST, younger_s: float = KEEP_YOUNGER_S,
