@@ -11,6 +11,7 @@ import psutil
 import pytest
 from fake_kernel import run_cells
 from ports import reserved_port
+from procs import running
 
 import distlab
 from distlab.errors import RunCancelledError, WorkerFailedError
@@ -76,7 +77,7 @@ def listening(procs) -> set[tuple[str, int]]:
 
 
 def alive(pids) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [p for p in pids if running(p)]
 
 
 def test_a_user_chosen_master_port_is_served_on_loopback_only(tmp_path, start_mode):

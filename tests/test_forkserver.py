@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from fake_kernel import run_cells
+from procs import running
 
 import distlab
 from distlab import LaunchArgumentError, forklaunch, launchmode
@@ -160,7 +161,7 @@ distlab.spawn(ns["sleeper"], nprocs=2, view=None)
 
 
 def alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [p for p in pids if running(p)]
 
 
 def wait_for_sleepers(runs: Path, proc) -> list[int]:

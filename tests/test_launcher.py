@@ -2,10 +2,10 @@
 import os
 import time
 
-import psutil
 import pytest
 import torch
 from fake_kernel import run_cells
+from procs import running
 
 import distlab
 from distlab import LaunchArgumentError, WorkerFailedError, WorkerTimeoutError
@@ -87,7 +87,7 @@ CELLS["distlab_report"] = distlab.report
 
 def no_workers_left(run_dir) -> bool:
     pids = [int(p.read_text()) for p in (run_dir / "ready").glob("rank*")]
-    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    return not any(running(p) for p in pids)
 
 
 @pytest.mark.usefixtures("start_mode")

@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from procs import running
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).parent
@@ -45,7 +45,7 @@ def start_driver(tmp_path):
 
 
 def alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [p for p in pids if running(p)]
 
 
 @pytest.mark.usefixtures("start_mode")

@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 from fake_kernel import as_main, run_cells
+from procs import running
 
 import distlab
 from distlab import rank_errors as err
@@ -27,7 +28,7 @@ def ranks():
 
 
 def alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [p for p in pids if running(p)]
 
 
 def gone_soon(pids, seconds=5.0):

@@ -5,9 +5,9 @@ import time
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from nbrun import execute
+from procs import running
 
 from distlab import rank_errors as err
 
@@ -151,7 +151,7 @@ def test_kernel_interrupt_in_a_blocked_collective_restarts_the_ranks(kernel):
 
 
 def alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return [p for p in pids if running(p)]
 
 
 def test_a_killed_kernel_leaves_no_rank_behind():

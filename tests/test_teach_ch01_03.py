@@ -61,12 +61,16 @@ def test_gil_experiment_goes_on_while_the_rounds_are_unfair_and_stops_at_its_lim
 
 
 def test_unfair_names_what_kept_the_measurement_from_testing_the_claims():
-    fair = {"serial": {"cores": 0.95}, "threads": {"cores": 1.0}, "processes": {"cores": 1.8}}
+    fair = {"serial": {"cores": 0.95, "wall": 2.0}, "threads": {"cores": 1.0, "wall": 2.0},
+            "processes": {"cores": 1.8, "wall": 1.1}}
     assert ch1.unfair(fair) == []
-    busy_serial = fair | {"serial": {"cores": 0.5}}
+    busy_serial = fair | {"serial": {"cores": 0.5, "wall": 4.0}}
     assert ch1.unfair(busy_serial) == ["the serial run got 0.50 cores (needs 0.9)"]
-    one_core = fair | {"processes": {"cores": 1.0}}
+    one_core = fair | {"processes": {"cores": 1.0, "wall": 1.9}}
     assert ch1.unfair(one_core) == ["the two processes got 1.00 cores (need 1.5)"]
+    slow_cores = fair | {"processes": {"cores": 1.8, "wall": 1.6}}  # the suite's failure: 1.16x with 1.5+ cores
+    assert ch1.unfair(slow_cores) == ["the two processes needed 1.52x the serial run's CPU time for the same work "
+                                      "(need at most 1.15)"]
 
 
 def test_speedups_divide_serial_by_each_kind():
