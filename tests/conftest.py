@@ -5,6 +5,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from second_user import other_user, readable_src, shared_tmp  # noqa: E402,F401  (fixtures for the shared-machine tests)
+
 _BOOK: dict = {}
 
 

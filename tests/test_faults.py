@@ -3,6 +3,7 @@ torch's private function wrapper, the rendezvous handler, the torch feature chec
 import logging
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from distlab import api, compat, engine, worker
 from distlab.display import TextView
 from distlab.errors import DistlabError, RunCancelledError
+from distlab.runfolder import RunFolder
 from distlab.watch import Watcher
 
 
@@ -140,6 +142,8 @@ def test_cancel_asks_the_run_to_stop_and_waits_for_it(tmp_path, monkeypatch):
 
 
 def test_store_wrapper_forwards_arguments_it_does_not_know(monkeypatch):
+    """A port the user chose: rank 1 joins rank 0's store through torch's own function, with every
+    argument passed on (after checking that the port's listener is this user's)."""
     import sys
 
     import torch.distributed  # noqa: F401
@@ -147,32 +151,77 @@ def test_store_wrapper_forwards_arguments_it_does_not_know(monkeypatch):
     rdzv = sys.modules["torch.distributed.rendezvous"]  # the attribute of that name is a function
     seen = []
     monkeypatch.setattr(rdzv, "_create_c10d_store", lambda *a, **k: seen.append((a, k)) or "store")
-    worker._respect_user_master_port(distlab_port=4000)
+    monkeypatch.setattr(worker, "_check_listener_is_ours", lambda port, rank: seen.append(("checked", port, rank)))
+    worker._private_rendezvous(RunFolder("/nonexistent"), distlab_port=1)
     assert rdzv._create_c10d_store("h", 4000, 1, 2, 30, use_libuv=False, future_option=7) == "store"
-    assert seen == [(("h", 4000, 1, 2, 30), {"use_libuv": False, "future_option": 7})]
+    assert seen == [("checked", 4000, 1), (("127.0.0.1", 4000, 1, 2, 30), {"use_libuv": False, "future_option": 7})]
 
 
-def test_loopback_rendezvous_uses_the_public_handler_interface_and_a_fresh_store_each_attempt():
+def test_distlabs_own_rendezvous_is_a_private_file_store_per_attempt_and_call(tmp_path, monkeypatch):
+    import sys
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    folder = RunFolder.create("demo", root=tmp_path / "runs")
+    rdzv = sys.modules["torch.distributed.rendezvous"]
+    monkeypatch.setattr(rdzv, "_create_c10d_store", lambda *a, **k: pytest.fail("no TCP store for distlab's port"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    worker._private_rendezvous(folder, distlab_port=1)
+    first = rdzv._create_c10d_store("127.0.0.1", 1, 0, 1, timedelta(seconds=5))
+    second = rdzv._create_c10d_store("127.0.0.1", 1, 0, 1, timedelta(seconds=5))
+    assert isinstance(first, dist.FileStore) and isinstance(second, dist.FileStore)
+    first.set("k", "v")
+    assert first.check(["k"]) and not second.check(["k"])  # a re-initialised group starts from an empty store
+    files = sorted(p.name for p in (folder.path / "stores").iterdir())
+    assert files == ["attempt2-0", "attempt2-1"]
+    assert all(stat.S_IMODE((folder.path / "stores" / f).stat().st_mode) == 0o600 for f in files)
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in os.environ
+
+
+def test_a_port_another_user_listens_on_is_refused_before_joining(monkeypatch):
+    from distlab import rendezvous
+    from distlab.errors import RendezvousError
+
+    monkeypatch.setattr(rendezvous, "listener_uid", lambda port: os.geteuid() + 1)
+    with pytest.raises(RendezvousError, match=r"rank 1 will not join the store on 127.0.0.1:4000: another user "
+                                              rf"\(uid {os.geteuid() + 1}\) listens on that port"):
+        worker._check_listener_is_ours(4000, 1)
+    monkeypatch.setattr(rendezvous, "listener_uid", lambda port: os.geteuid())
+    worker._check_listener_is_ours(4000, 1)  # yours: fine
+
+
+def test_the_listener_uid_is_read_from_proc_net_tcp():
+    from distlab.rendezvous import listening_uid
+
+    rows = ["   0: 0100007F:0FA0 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 1 1 0",
+            "   1: 0100007F:0FA1 0100007F:0FA0 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0"]
+    assert listening_uid(rows, 4000) == 1001
+    assert listening_uid(rows, 4001) is None  # an established connection, not a listener
+
+
+def test_the_agents_rendezvous_is_in_process_with_a_fresh_store_each_attempt():
+    from torch.distributed import HashStore
     from torch.distributed.elastic.rendezvous import RendezvousHandler
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
     from distlab import rendezvous
 
+    before = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
     handler = rendezvous.create_handler(SimpleNamespace(run_id="unit-test-run"))
     try:
         assert isinstance(handler, RendezvousHandler) and not isinstance(handler, StaticTCPRendezvous)
-        ports = []
-        for _ in range(2):
+        for _attempt in range(2):
             info = handler.next_rendezvous()
-            ports.append(info.bootstrap_store_info.master_port)
-            listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
-                         if c.status == psutil.CONN_LISTEN}
-            assert ("127.0.0.1", ports[-1]) in listening
-            assert not any(port == ports[-1] and ip != "127.0.0.1" for ip, port in listening)
+            assert info.bootstrap_store_info.master_port == rendezvous.PLACEHOLDER_PORT
+            assert isinstance(info.store.underlying_store, HashStore)
+            assert info.store.num_keys() == 0  # nothing of the previous attempt
             info.store.set("k", "v")
             assert info.store.get("k") == b"v"
             del info
-        assert ports[0] != ports[1]
+        after = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+        assert after == before  # no socket was opened
     finally:
         rendezvous.close_handler("unit-test-run")
     assert "unit-test-run" not in rendezvous.HANDLERS

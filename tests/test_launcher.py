@@ -37,8 +37,11 @@ CELLS = run_cells(
         for step in range(STEPS):
             distlab_report(step=step + 1, total=STEPS, loss=1.0 / (step + 1))
         print(f"rank {rank} done")
+        store = dist.distributed_c10d._get_default_store()
+        while hasattr(store, "underlying_store"):  # the PrefixStores init_process_group wraps it in
+            store = store.underlying_store
         dist.destroy_process_group()
-        return {"sum": t, "port": os.environ["MASTER_PORT"]}
+        return {"sum": t, "port": os.environ["MASTER_PORT"], "store": type(store).__name__}
     """,
     """
     def fail_on_rank_one(rank, world_size):
@@ -142,7 +145,7 @@ def test_single_node_run_listens_on_loopback_only():
     res = distlab.spawn(CELLS["listening_sockets"], args=(2, os.getpid()), nprocs=2, view=None)
     for rank in (0, 1):
         addresses = res.returns[rank]["worker"] + res.returns[rank]["parent"]
-        assert res.returns[rank]["parent"], "the launcher's store should be listening"
+        assert res.returns[rank]["parent"] == [], "the launcher hosts no store: the ranks meet in a private file"
         assert set(addresses) <= {"127.0.0.1"}, addresses
 
 
@@ -151,7 +154,8 @@ def test_concurrent_launches_do_not_clash():
             for _ in range(3)]
     results = [r.join(timeout=120) for r in runs]
     assert all(torch.equal(r.returns[1]["sum"], torch.tensor([3.0, 3.0])) for r in results)
-    assert len({r.returns[0]["port"] for r in results}) == 3
+    assert len({r.run_dir for r in results}) == 3
+    assert {r.returns[0]["store"] for r in results} == {"FileStore"}  # each run's own file, in its own folder
 
 
 def test_bad_arguments_fail_before_any_process(tmp_path, monkeypatch):

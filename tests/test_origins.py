@@ -1,5 +1,6 @@
 """Worker tracebacks name the notebook cell each frame of the generated script came from. No processes."""
 import runpy
+import stat
 
 import pytest
 from fake_kernel import run_cells
@@ -28,8 +29,11 @@ def notebook():
     return ns, files.get
 
 
-def write_script(tmp_path, ns, label):
+def write_script(tmp_path, ns, label, monkeypatch=None):
+    """The run's script (as ``worker.bootstrap`` records it when ``monkeypatch`` is given)."""
     path = tmp_path / "boom.py"
+    if monkeypatch is not None:
+        monkeypatch.setattr(worker, "_SCRIPT", str(path))
     path.write_text(script.render(capture.capture(ns["boom"]), args=(), nprocs=1, style="spawn",
                                   backend="gloo", filename=path.name))
     origins.save(path, ns, label)
@@ -53,9 +57,9 @@ def test_a_line_of_the_script_maps_to_its_cell_and_line(tmp_path):
     assert origins.place(str(path), 1) is None  # the script's header is nobody's cell
 
 
-def test_a_worker_traceback_says_which_cell_and_function(tmp_path):
+def test_a_worker_traceback_says_which_cell_and_function(tmp_path, monkeypatch):
     ns, label = notebook()
-    path = write_script(tmp_path, ns, label)
+    path = write_script(tmp_path, ns, label, monkeypatch)
     try:
         runpy.run_path(str(path), run_name="not_main")["boom"](0)
     except ZeroDivisionError as e:
@@ -74,7 +78,7 @@ def test_without_a_notebook_place_nothing_is_written(tmp_path):
 
 def test_the_scripts_own_call_into_distlab_is_left_out(tmp_path, monkeypatch):
     ns, label = notebook()
-    path = write_script(tmp_path, ns, label)
+    path = write_script(tmp_path, ns, label, monkeypatch)
     monkeypatch.setenv("RANK", "0")  # as under distlab's launcher: main() runs boom for this rank
     try:
         runpy.run_path(str(path), run_name="__main__")
@@ -84,9 +88,10 @@ def test_the_scripts_own_call_into_distlab_is_left_out(tmp_path, monkeypatch):
     assert f'File "{path}", line' in text and "(from the notebook: Cell In[3], line 4, in boom)" in text
 
 
-def test_a_deep_recursion_still_collapses_its_repeated_frames(tmp_path):
+def test_a_deep_recursion_still_collapses_its_repeated_frames(tmp_path, monkeypatch):
     ns = run_cells("def down(n):\n    return down(n + 1)\n")
     path = tmp_path / "down.py"
+    monkeypatch.setattr(worker, "_SCRIPT", str(path))
     path.write_text(script.render(capture.capture(ns["down"]), args=(0,), nprocs=1, style="spawn", backend="gloo",
                                   filename=path.name))
     origins.save(path, ns, lambda filename: "Cell In[1]")
@@ -108,3 +113,22 @@ def test_a_namespace_that_cannot_be_read_never_stops_a_launch(tmp_path):
     with pytest.warns(UserWarning, match="will not name notebook cells: RuntimeError"):
         origins.save(path, Odd(), lambda filename: "Cell In[1]")
     assert not origins.origins_path(path).exists()
+
+
+def test_only_the_runs_own_script_is_annotated(tmp_path, monkeypatch):
+    """Another user's ``x.origins.json`` beside some other ``x.py`` in a frame must not put their
+    text into the learner's traceback."""
+    ns, label = notebook()
+    path = write_script(tmp_path, ns, label)
+    monkeypatch.setattr(worker, "_SCRIPT", str(tmp_path / "the_runs_own_script.py"))
+    try:
+        runpy.run_path(str(path), run_name="not_main")["boom"](0)
+    except ZeroDivisionError as e:
+        text = worker.user_traceback(e)
+    assert f'File "{path}", line' in text and "from the notebook" not in text
+
+
+def test_the_origins_file_is_private(tmp_path):
+    ns, label = notebook()
+    path = write_script(tmp_path, ns, label)
+    assert stat.S_IMODE(origins.origins_path(path).stat().st_mode) == 0o600

@@ -23,6 +23,8 @@ def tmp_root(tmp_path, monkeypatch):
     shared.chmod(0o1777)
     monkeypatch.setattr("tempfile.tempdir", str(shared))
     monkeypatch.delenv("DISTLAB_RUNS", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return shared
 
 
@@ -233,3 +235,25 @@ def test_a_process_prunes_a_root_on_its_first_run_then_at_most_every_ten_minutes
     clock[0] += runfolder.PRUNE_EVERY_S
     RunFolder.create("launch")
     assert len(calls) == 2
+
+
+def test_a_private_xdg_runtime_dir_is_preferred_to_the_shared_temp_dir(tmp_root, tmp_path, monkeypatch):
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert engine.new_run_dir("demo").parent == runtime / "distlab-runs"
+    runtime.chmod(0o755)  # not a private runtime dir: not used
+    assert engine.new_run_dir("demo").parent == tmp_root / f"distlab-{os.getuid()}"
+
+
+def test_a_temp_root_someone_else_created_first_falls_back_to_the_cache_folder(tmp_root, tmp_path):
+    """A denial of service no more: the other user's folder is left alone and runs go elsewhere."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a folder away; test_shared_machine.py covers it with a second user")
+    theirs = tmp_root / f"distlab-{os.getuid()}"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)
+    with pytest.warns(RuntimeWarning, match=r"it belongs to user .*Using .*distlab-runs instead"):
+        run = engine.new_run_dir("demo")
+    assert run.parent == tmp_path / "cache" / "distlab-runs" and mode(run.parent) == 0o700
+    assert list(theirs.iterdir()) == []

@@ -9,6 +9,9 @@ when the kernel dies (``PR_SET_PDEATHSIG``), even a SIGKILLed kernel. Everywhere
 second line) the server leaves when the kernel's end of its "alive" pipe closes, which is why
 every rank closes its own copy of that pipe (``distlab._forkrank``). A rank's own parent is
 the server, so a dead server takes its ranks with it (``distlab.worker._die_with_parent``).
+
+Only your own processes may ask it for a fork: every connection's peer uid is checked
+(``distlab.peercred``) before anything is read from it.
 """
 import gc
 import signal
@@ -20,6 +23,15 @@ try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 except (OSError, AttributeError):  # not Linux
     pass
+
+try:  # before forkserver.main builds its listener: only your uid may connect. Fail closed.
+    import distlab.peercred
+
+    distlab.peercred.install_in_forkserver()
+except BaseException:  # multiprocessing ignores a preload's ImportError: never serve unchecked
+    import os
+
+    os._exit(3)
 
 import multiprocessing.queues  # noqa: E402,F401  (what unpickling a rank's process object needs)
 import multiprocessing.synchronize  # noqa: E402,F401

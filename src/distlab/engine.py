@@ -1,14 +1,15 @@
 """One engine under spawn/launch/run_script: torchelastic's agent.
 
 ``elastic_launch`` (torchrun's engine) starts the ranks, writes per-rank logs and error files,
-stops survivors when a rank fails and restarts on request. distlab adds: a store it hosts on
-127.0.0.1 only (torch's ``TCPStore`` otherwise listens on every interface), live output, a
-timeout with stacks, cancellation, and clean ends on interrupt.
+stops survivors when a rank fails and restarts on request. distlab adds: a rendezvous no other
+local user can open (torch's ``TCPStore`` listens on every interface, with no password), torch's
+temporary files kept in the private root, live output, a timeout with stacks, cancellation, and
+clean ends on interrupt.
 
 Where the agent runs:
 
-* one node: in this process (the kernel), with distlab's loopback rendezvous, which exchanges
-  no pickled data;
+* one node: in this process (the kernel), with distlab's rendezvous: an in-process store for the
+  agent, a private ``FileStore`` for the ranks (no socket another user could open);
 * several nodes (``nnodes > 1``): torch's c10d rendezvous unpickles what it reads from its
   store, and whoever reaches ``rdzv_endpoint`` can write there. That agent runs in a child
   process (``python -m distlab._agent``), never in the kernel; its ranks' output streams from
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import forklaunch, rendezvous, watch
+from . import forklaunch, privtmp, rendezvous, watch
 from .compat import check_torch
 from .errors import (
     AGENT_FAILED,
@@ -247,6 +248,13 @@ def tell_view(view, event: str, *args) -> None:
 
 
 def _launch_agent(plan: Plan, run_json: Path) -> None:
+    """torchelastic's agent, with every temporary file torch makes in this process kept in the
+    private root (torch unpickles its error files: see :mod:`distlab.privtmp`)."""
+    with privtmp.private_tempfiles():
+        _launch_agent_here(plan, run_json)
+
+
+def _launch_agent_here(plan: Plan, run_json: Path) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     local = plan.nnodes == 1

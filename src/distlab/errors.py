@@ -113,3 +113,17 @@ def notebook_message(name: str, message: str) -> list[str]:
     """The lines of an error as a notebook shows them: the first in red, as IPython does."""
     first, *rest = message.splitlines() or [""]
     return [f"\x1b[0;31m{name + ': ' if name else ''}{first}\x1b[0m", *rest]
+
+
+PORT_SQUATTED = (
+    "distlab: rank {rank} will not join the store on 127.0.0.1:{port}: another user (uid {uid}) listens on that "
+    "port, and would see (and could forge) this run's rendezvous. Choose another MASTER_PORT, or leave "
+    "MASTER_PORT to distlab (its ranks meet in a private file, not on a port)."
+)
+FORKSERVER_REFUSED = (
+    "distlab: not using a forkserver ({why}); starting fresh interpreters instead (slower). {hint}"
+)
+
+
+class RendezvousError(DistlabError, RuntimeError):
+    """The ranks cannot meet safely (another user holds the port)."""

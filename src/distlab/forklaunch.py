@@ -16,9 +16,12 @@ import os
 import warnings
 from pathlib import Path
 
+from .errors import FORKSERVER_REFUSED
 from .launchmode import AGENT_VARS, LOG_VARS
 
 MONITOR_S = 0.01  # how often torchelastic looks at the ranks: a finished run is noticed this fast
+REFUSAL_HINT = 'A Python >= 3.11.1 (or >= 3.10.9) fixes it; pass start="spawn" to silence this.'
+_REFUSAL_SAID: list[str] = []
 FALLBACK = ("distlab: could not start the forkserver ({error}); starting fresh interpreters instead "
             '(slower). Pass start="spawn" to choose that and silence this warning.')
 
@@ -29,6 +32,11 @@ def run(config, plan, run_json: Path) -> bool:
 
     try:
         server_pid = forkserver.ensure_server()
+    except forkserver.ForkserverRefused as e:
+        if not _REFUSAL_SAID:  # the reason cannot change while this process lives: say it once
+            _REFUSAL_SAID.append(str(e))
+            warnings.warn(FORKSERVER_REFUSED.format(why=e, hint=REFUSAL_HINT), RuntimeWarning, stacklevel=2)
+        return False
     except Exception as e:
         warnings.warn(FALLBACK.format(error=e), RuntimeWarning, stacklevel=2)
         return False

@@ -155,18 +155,39 @@ _KEEPER: _Keeper | None = None
 def _start_server() -> None:
     """Start the server so that it imports *this* distlab, and leave the kernel as it was.
 
+    Refused (:class:`ForkserverRefused`) where its socket would be reachable by other users.
     The server is a fresh interpreter with the kernel's environment: it would import whatever
     distlab that environment finds, not one the kernel found through its own ``sys.path``
     (a checkout added in a notebook). ``ForkServer.ensure_running`` also fixes the kernel's default
     start method as a side effect (it asks for it); that is undone, so a user's later
     ``mp.set_start_method`` still works.
     """
+    from . import peercred, privtmp
+
     default = mp_context._default_context
     unset = default.get_start_method(allow_none=True) is None
-    with _pythonpath_first(distlab_root()):
-        _SERVER.ensure_running()
+    with privtmp.multiprocessing_tempdir():  # the server's socket: in this process's private folder
+        reason = peercred.abstract_socket_reason()
+        if reason is not None:
+            raise ForkserverRefused(reason)
+        if _socket_gone():  # its private folder was removed (a new runs root): start a fresh one
+            with contextlib.suppress(OSError):
+                _SERVER._stop()
+            _SERVER._forkserver_address = None
+        with _pythonpath_first(distlab_root()):
+            _SERVER.ensure_running()
     if unset:
         default._actual_context = None
+
+
+def _socket_gone() -> bool:
+    address = _SERVER._forkserver_address
+    return (_SERVER._forkserver_pid is not None and isinstance(address, str) and not address.startswith("\0")
+            and not os.path.exists(address))
+
+
+class ForkserverRefused(RuntimeError):
+    """A forkserver would not be safe here (see :mod:`distlab.peercred`); ranks start fresh."""
 
 
 def distlab_root() -> str | None:

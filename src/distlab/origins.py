@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import traceback
 from pathlib import Path
 
@@ -82,7 +83,9 @@ def save(script: Path, namespace: dict, label=ipython_cell_label) -> None:
         warnings.warn(f"distlab: worker tracebacks will not name notebook cells: {e!r}", stacklevel=2)
         return
     if found:
-        origins_path(script).write_text(json.dumps(found, indent=1))
+        from .runfolder import write_private
+
+        write_private(origins_path(script), json.dumps(found, indent=1))
 
 
 def place(filename: str, lineno: int, cache: dict | None = None) -> str | None:
@@ -103,17 +106,24 @@ def place(filename: str, lineno: int, cache: dict | None = None) -> str | None:
 
 class _NotebookStack(traceback.StackSummary):
     """A stack that formats like Python's own (repeated frames collapse, as in a RecursionError),
-    plus the notebook place under each frame of a generated script (Python 3.11+)."""
+    plus the notebook place under each frame of the run's own script (Python 3.11+)."""
 
     def format_frame_summary(self, frame) -> str:
         text = super().format_frame_summary(frame)
-        where = place(frame.filename, frame.lineno, self._origins) if frame.filename.endswith(".py") else None
+        ours = self._script is not None and _same_file(frame.filename, self._script)
+        where = place(frame.filename, frame.lineno, self._origins) if ours else None
         return text + f"    (from the notebook: {where})\n" if where else text
 
 
-def format_frames(frames) -> str:
-    """``traceback.format_list`` plus, under each frame of a generated script, the notebook place."""
+def format_frames(frames, script: str | None = None) -> str:
+    """``traceback.format_list`` plus, under each frame of ``script`` (the run's generated worker
+    script), the notebook place. Frames of any other file are left alone: an ``.origins.json``
+    beside some other ``.py`` file may have been written by anyone."""
     kept = [f for f in frames if not (f.line or "").startswith(SCRIPT_ENTRY)]  # the script's call into distlab
     stack = _NotebookStack(kept)  # (from_list would build a plain StackSummary)
-    stack._origins = {}
+    stack._origins, stack._script = {}, script
     return "".join(stack.format())
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

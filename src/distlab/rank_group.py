@@ -1,8 +1,8 @@
 """The processes behind :class:`distlab.Ranks`: start them, talk to them, stop them.
 
 Kernel side only. One pipe per rank carries requests and replies (:mod:`distlab.rank_proto`);
-the store of the process group is hosted by rank 0 on a socket the kernel bound to 127.0.0.1,
-so nothing listens beyond loopback and no other launch can take the port in between.
+the process group's store is a ``FileStore`` in the group's private folder, so there is no port
+another local user could connect to, and gloo's/NCCL's own sockets stay on loopback.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,8 +19,10 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from . import privtmp
 from . import rank_errors as err
 from . import rank_proto as proto
+from .runfolder import open_private
 
 START_TIMEOUT_S = 300.0
 FAILURE_GRACE_S = 3.0  # after one rank failed, how long the others get to finish the call
@@ -42,47 +43,48 @@ def start_rank_process(cfg: dict, fds: list[int], log: Path) -> subprocess.Popen
     """
     package_root = str(Path(__file__).resolve().parent.parent)
     code = f"import sys; sys.path.insert(0, {package_root!r}); from distlab.rank_loop import main; main()"
-    env = {**os.environ, **_rank_environment(cfg), "DISTLAB_RANK": json.dumps(cfg)}
-    with open(log, "wb") as out:
+    env = {**os.environ, **_rank_environment(cfg, os.environ), "DISTLAB_RANK": json.dumps(cfg)}
+    with open_private(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=fds, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _rank_environment(cfg: dict) -> dict[str, str]:
-    """What torchrun would set, plus gloo kept on the loopback interface."""
+def _rank_environment(cfg: dict, kernel_env) -> dict[str, str]:
+    """What torchrun would set, plus gloo's and NCCL's sockets kept on the loopback interface
+    (unless the kernel's environment chose an interface). MASTER_PORT is a placeholder: the
+    ranks meet in a FileStore in the group's private folder, not on a port."""
+    from .rendezvous import PLACEHOLDER_PORT
     from .worker import _loopback_interface
 
+    loopback = _loopback_interface()
     env = {"RANK": str(cfg["rank"]), "LOCAL_RANK": str(cfg["rank"]), "WORLD_SIZE": str(cfg["world_size"]),
-           "LOCAL_WORLD_SIZE": str(cfg["world_size"]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(cfg["port"]),
-           "GLOO_SOCKET_IFNAME": _loopback_interface(), "PYTHONUNBUFFERED": "1"}
-    if cfg["world_size"] > 1 and "OMP_NUM_THREADS" not in os.environ:
+           "LOCAL_WORLD_SIZE": str(cfg["world_size"]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PLACEHOLDER_PORT),
+           "GLOO_SOCKET_IFNAME": kernel_env.get("GLOO_SOCKET_IFNAME", loopback),
+           "NCCL_SOCKET_IFNAME": kernel_env.get("NCCL_SOCKET_IFNAME", loopback), "PYTHONUNBUFFERED": "1"}
+    if cfg["world_size"] > 1 and "OMP_NUM_THREADS" not in kernel_env:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N ranks must not each use every core
     return env
 
 
 def start_group(nprocs: int, backend: str) -> RankGroup:
-    """Start ``nprocs`` ranks and wait until each has joined the process group."""
-    folder = Path(tempfile.mkdtemp(prefix="distlab-ranks-"))  # 0700, private to this user
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """Start ``nprocs`` ranks and wait until each has joined the process group.
+
+    Their folder (logs, stack dumps, the group's FileStore) is made in this process's private
+    temporary folder (:mod:`distlab.privtmp`), so a killed kernel leaves nothing in ``/tmp``.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="ranks-", dir=privtmp.process_dir()))  # 0700, private to this user
     group = RankGroup(folder)
     try:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
-        port = listener.getsockname()[1]
+        store = folder / "store"
+        open_private(store, "ab").close()
         for rank in range(nprocs):
             ours, theirs = Pipe(duplex=True)
-            cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "port": port, "folder": str(folder),
+            cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store), "folder": str(folder),
                    "conn_fd": theirs.fileno(), "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p]}
-            fds = [theirs.fileno()]
-            if rank == 0:
-                cfg["store_fd"] = listener.fileno()
-                fds.append(listener.fileno())
-            group.add(start_rank_process(cfg, fds, group.log_path(rank)), ours)
+            group.add(start_rank_process(cfg, [theirs.fileno()], group.log_path(rank)), ours)
             theirs.close()  # only the rank holds its end: its death reads as end-of-file here
-        listener.close()  # rank 0's store owns the listening socket now
         group.wait_ready(START_TIMEOUT_S)
     except BaseException:
-        listener.close()
         group.stop(graceful=False)
         raise
     return group

@@ -17,8 +17,10 @@ import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from . import rank_proto as proto
+from .runfolder import open_private
 from .worker import _die_with_parent
 
 RUNTIME_FILES = ("distlab/rank_loop.py", "distlab/worker.py")
@@ -46,7 +48,7 @@ def main() -> None:
 def _install_signals(cfg: dict) -> None:
     """SIGUSR1 dumps every thread's stack to a file the kernel reads (even inside a collective);
     SIGINT stops user code, and only user code: the loop itself is never cut mid-message."""
-    stacks = open(os.path.join(cfg["folder"], f"rank{cfg['rank']}.stacks"), "w")  # open for the handler
+    stacks = open_private(Path(cfg["folder"]) / f"rank{cfg['rank']}.stacks", "w")  # open for the handler
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable()  # a crash in C code leaves its Python stack in the log
     signal.signal(signal.SIGINT, _on_sigint)
@@ -58,7 +60,7 @@ def _on_sigint(signum, frame) -> None:
 
 
 def _join_group(cfg: dict) -> dict:
-    """Initialise the process group on the kernel's loopback store; return the rank's namespace."""
+    """Initialise the process group on the group's private FileStore; return the rank's namespace."""
     from datetime import timedelta
 
     import torch
@@ -71,8 +73,8 @@ def _join_group(cfg: dict) -> dict:
     backend = choose_backend(cfg["backend"], world, cuda_device_count())
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    store = dist.TCPStore("127.0.0.1", cfg["port"], world, is_master=rank == 0, timeout=timedelta(seconds=300),
-                          master_listen_fd=cfg.get("store_fd"))
+    store = dist.FileStore(cfg["store"], world)  # in the group's private folder: no port anyone could open
+    store.set_timeout(timedelta(seconds=300))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     ns = sys.modules["__main__"].__dict__  # classes defined in cells pickle as __main__.X, as in a script
     ns.update(torch=torch, dist=dist, rank=rank, world_size=world, device=device(rank))

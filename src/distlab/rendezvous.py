@@ -1,15 +1,17 @@
-"""Stores that listen on 127.0.0.1 only, for single-node runs.
+"""Rendezvous for single-node runs, with no store another local user can open.
 
-torch's ``TCPStore`` listens on every interface, whatever host name it is given. distlab binds
-the socket to 127.0.0.1 itself and hands torch its file descriptor (``master_listen_fd``): the
-port is held from the start (no bind-then-close race) and nothing is reachable from the network.
+A ``TCPStore`` has no authentication, and loopback is not privacy: any local user who finds its
+port in ``/proc/net/tcp`` can read and overwrite its keys. A single-node run needs no TCP at all:
 
-Two places use this: the agent's rendezvous (:class:`LoopbackRendezvous`, the store every
-worker joins by default) and, inside workers, rank 0's store when user code picks its own
-``MASTER_PORT`` (the article's ``setup()``; see ``distlab.worker``).
+* the agent (torchelastic, in the kernel) gets an in-process ``HashStore`` from
+  :class:`LoopbackRendezvous`: no socket, no file;
+* each rank's ``init_process_group`` meets the others in a ``FileStore`` inside the private run
+  folder (``distlab.worker``), which only you can open.
 
-Loopback is not privacy: other users of this machine can connect to 127.0.0.1 too. A TCPStore
-has no authentication; see the README's "On a shared machine".
+Code that picks its own ``MASTER_PORT`` (the article's ``setup()``) gets what torch would give
+it, a TCP store hosted by rank 0, but on 127.0.0.1 only (:func:`loopback_store`: torch's own
+listens on every interface), and the other ranks join it only after checking that the listener
+on that port is yours (:func:`listener_uid`). See the README's "On a shared machine".
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from datetime import timedelta
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_BACKEND = "distlab-loopback"
+PLACEHOLDER_PORT = 1  # MASTER_PORT in single-node ranks: nothing listens there, nothing connects to it
 HANDLERS: dict = {}  # run_id -> the LoopbackRendezvous of a live single-node run
 
 
@@ -62,7 +65,7 @@ def create_handler(params):
 
 
 def close_handler(run_id: str) -> None:
-    """Drop the run's store (idempotent): its port closes once nothing else holds it."""
+    """Drop the run's store (idempotent)."""
     handler = HANDLERS.pop(run_id, None)
     if handler is not None:
         handler.shutdown()
@@ -75,7 +78,7 @@ def _handler_class():
     """Built on first use: torch is imported lazily."""
     global _CLASS
     if _CLASS is None:
-        from torch.distributed import PrefixStore
+        from torch.distributed import HashStore, PrefixStore
         from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
 
         class LoopbackRendezvous(RendezvousHandler):
@@ -91,12 +94,15 @@ def _handler_class():
 
             @property
             def use_agent_store(self) -> bool:
-                return True  # workers join the agent's store instead of hosting one
+                return True  # no rank hosts a store of its own
 
             def next_rendezvous(self):
+                """A fresh in-process store per attempt: nothing a failed attempt left behind reaches
+                the next one. MASTER_PORT is a placeholder: ranks never connect to it (they meet in
+                a FileStore), but torchrun's contract says it is set."""
                 self.shutdown()
-                self._store = loopback_store(0, 1, timedelta(seconds=300), wait_for_workers=False)
-                info = RendezvousStoreInfo(LOOPBACK, self._store.port)
+                self._store = HashStore()
+                info = RendezvousStoreInfo(LOOPBACK, PLACEHOLDER_PORT)
                 return RendezvousInfo(PrefixStore(self.run_id, self._store), 0, 1, info)
 
             def is_closed(self) -> bool:
@@ -117,3 +123,31 @@ def _handler_class():
 
         _CLASS = LoopbackRendezvous
     return _CLASS
+
+
+def listener_uid(port: int, tables=("/proc/net/tcp", "/proc/net/tcp6")) -> int | None:
+    """The uid that owns the socket listening on loopback ``port``, from ``/proc/net/tcp``; None
+    when nothing listens there or the table cannot be read (not Linux)."""
+    for table in tables:
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        uid = listening_uid(rows, port)
+        if uid is not None:
+            return uid
+    return None
+
+
+def listening_uid(rows: list[str], port: int) -> int | None:
+    """Pure half of :func:`listener_uid`: rows of ``/proc/net/tcp`` -> the listener's uid.
+
+    Columns: ``sl local_address rem_address st ...``; state ``0A`` is LISTEN, the uid is column 8.
+    A listener on 0.0.0.0 or on 127.0.0.1 both answer a connection to 127.0.0.1.
+    """
+    for row in rows:
+        fields = row.split()
+        if len(fields) > 7 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            return int(fields[7])
+    return None

@@ -3,11 +3,13 @@
 distlab unpickles what a run folder holds (return values, shipped values) and the workers run
 the script in it, so nobody else may be able to write there, or even read it. The rules:
 
-* **Root.** ``$DISTLAB_RUNS`` if set, else ``<tempfile.gettempdir()>/distlab-<uid>``. distlab
-  creates it with mode 0700. It refuses (:class:`~distlab.errors.RunFolderError`) a root that is
-  a symbolic link, not a directory, owned by another user, or open to group/others; and a root
-  below a folder that another user could rename it out of (an ancestor owned by someone other
-  than you or root, or writable by others without the sticky bit that ``/tmp`` has).
+* **Root.** ``$DISTLAB_RUNS`` if set, else ``$XDG_RUNTIME_DIR/distlab-runs`` where that per-user
+  folder exists, else ``<tempfile.gettempdir()>/distlab-<uid>``. distlab creates it with mode
+  0700. It refuses (:class:`~distlab.errors.RunFolderError`) a root that is a symbolic link, not a
+  directory, owned by another user, or open to group/others; and a root below a folder that
+  another user could rename it out of (an ancestor owned by someone other than you or root, or
+  writable by others without the sticky bit that ``/tmp`` has). A ``<tmp>`` root someone else
+  created first is not a dead end: distlab warns and uses ``~/.cache/distlab-runs`` instead.
 * **Run folders.** Each launch gets a fresh ``<YYYYmmdd-HHMMSS>-<name>-<random>`` folder made by
   ``tempfile.mkdtemp`` (mode 0700, a name nobody can take first). Its subfolders are 0700 and
   every file distlab (or torchelastic, for the logs) writes there is created 0600.
@@ -26,6 +28,7 @@ The layout (one place; everything else asks a :class:`RunFolder` for its paths):
     ready/rank<r>            the worker's pid, written once its runtime is installed
     returns/rank<r>.pt       return values
     metrics/rank<r>.jsonl    distlab.report() rows
+    stores/attempt<k>-<n>    the FileStore of the n-th init_process_group of attempt k (single node)
     agent-plan.json, agent.json, agent.log   the out-of-process agent's plan, outcome, output (nnodes > 1)
 
 Only the standard library is imported here: the worker runtime and the tests use this module
@@ -47,8 +50,9 @@ ENV = "DISTLAB_RUNS"
 KEEP_NEWEST = 20
 KEEP_YOUNGER_S = 24 * 3600
 PRUNE_EVERY_S = 600  # pruning reads every run's logs (hundreds of runs after a day of work): not per launch
+_WARNED: set[str] = set()  # fallback roots already announced in this process
 _LAST_PRUNE: dict[str, float] = {}  # root -> when this process last pruned it
-SUBFOLDERS = ("logs", "stacks", "ready", "returns", "metrics")
+SUBFOLDERS = ("logs", "stacks", "ready", "returns", "metrics", "stores")
 RUN_NAME = re.compile(r"^\d{8}-\d{6}-")
 RANK_FILE = re.compile(r"^rank(\d+)(\..*)?$")
 ATTEMPT = re.compile(r"^attempt(\d+)$")
@@ -57,15 +61,64 @@ PRIVATE_DIR = 0o700
 
 
 def default_root() -> Path:
-    """``$DISTLAB_RUNS``, else ``<tmp>/distlab-<uid>`` (one root per user: nothing to share)."""
+    """Where runs go unless told: ``$DISTLAB_RUNS``; else ``$XDG_RUNTIME_DIR/distlab-runs`` when
+    that folder of yours exists (a per-user folder nobody else can create anything in); else
+    ``<tmp>/distlab-<uid>``."""
     chosen = os.environ.get(ENV)
     if chosen:
         return Path(chosen).expanduser()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _is_private_dir(Path(runtime)):
+        return Path(runtime) / "distlab-runs"
     return Path(tempfile.gettempdir()) / f"distlab-{os.getuid()}"
 
 
+def fallback_root() -> Path:
+    """Where runs go when someone else took ``<tmp>/distlab-<uid>`` first: your cache folder."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "distlab-runs"
+
+
+def _is_private_dir(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
 def private_root(path: Path | None = None) -> Path:
-    """The checked runs root: created 0700 if missing, refused if anyone else could use it."""
+    """The checked runs root: created 0700 if missing, refused if anyone else could use it.
+
+    Without an explicit ``path`` or ``$DISTLAB_RUNS``, a shared-temp root that another user
+    created first (to stop you, or to catch your runs) is not a dead end: distlab warns once and
+    uses :func:`fallback_root` instead, which only you can create.
+    """
+    if path is not None or os.environ.get(ENV):
+        return _checked_root(path)
+    try:
+        return _checked_root(None)
+    except RunFolderError as e:
+        if not _taken_by_someone_else(default_root()):
+            raise
+        fallback = fallback_root()
+        if str(fallback) not in _WARNED:
+            _WARNED.add(str(fallback))
+            import warnings
+
+            warnings.warn(f"{e} Using {fallback} instead.", RuntimeWarning, stacklevel=3)
+        return _checked_root(fallback)
+
+
+def _taken_by_someone_else(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return st.st_uid != os.geteuid()  # a folder, file or link: someone else's name in the shared temp dir
+
+
+def _checked_root(path: Path | None) -> Path:
     path = Path(default_root() if path is None else path).expanduser().absolute()
     check_ancestors(path.parent)
     try:
@@ -281,6 +334,9 @@ class RunFolder:
     def metrics(self, rank: int) -> Path:
         return self.path / "metrics" / f"rank{rank}.jsonl"
 
+    def store(self, attempt: int | str, call: int) -> Path:
+        return self.path / "stores" / f"attempt{int(attempt)}-{int(call)}"
+
     def metric_streams(self) -> list[tuple[int, Path]]:
         return [(r, p) for p in sorted((self.path / "metrics").glob("rank*.jsonl")) if (r := rank_of(p)) is not None]
 
@@ -302,7 +358,8 @@ def _prune_due(root: Path, now: float | None = None) -> bool:
 def prune(root: Path, keep_newest: int = KEEP_NEWEST, younger_s: float = KEEP_YOUNGER_S,
           now: float | None = None) -> list[Path]:
     """Delete run folders that are neither among the newest ``keep_newest`` nor younger than
-    ``younger_s`` (age = time since anything in the run last changed). Returns what went."""
+    ``younger_s`` (age = time since anything in the run last changed), and the private temporary
+    folders (:mod:`distlab.privtmp`) of processes that are gone. Returns what went."""
     now = time.time() if now is None else now
     runs = []
     for entry in os.scandir(root):
@@ -310,6 +367,9 @@ def prune(root: Path, keep_newest: int = KEEP_NEWEST, younger_s: float = KEEP_YO
             runs.append((last_change(Path(entry.path)), Path(entry.path)))
     runs.sort(reverse=True)
     gone = [p for i, (changed, p) in enumerate(runs) if i >= keep_newest and now - changed > younger_s]
+    from .privtmp import stale_dirs
+
+    gone += stale_dirs(root)  # temporary folders of processes killed before they could clean up
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone

@@ -18,6 +18,7 @@ import os
 import runpy
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -27,6 +28,7 @@ from .runfolder import RunFolder, check_private_file, open_private, write_privat
 
 _RUN: dict | None = None  # the launcher's run config when started by distlab, else None
 _METRICS = None  # open metrics file of this rank
+_SCRIPT: str | None = None  # the run's worker script: the only file whose frames name notebook cells
 ORPHAN_EXIT_CODE = 70
 
 
@@ -54,7 +56,7 @@ def _install(run: dict) -> None:
         loopback = _loopback_interface()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
-        _respect_user_master_port(int(os.environ["MASTER_PORT"]))
+        _private_rendezvous(_folder(), int(os.environ["MASTER_PORT"]))
 
 
 def _loopback_interface() -> str:
@@ -92,32 +94,65 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(ORPHAN_EXIT_CODE)
 
 
-def _respect_user_master_port(distlab_port: int) -> None:
-    """Join distlab's loopback store, unless user code chose its own MASTER_PORT/init_method.
+def _private_rendezvous(folder: RunFolder, distlab_port: int) -> None:
+    """Every ``init_process_group`` of this single-node rank meets the others in a ``FileStore``
+    inside the private run folder, unless user code chose its own ``MASTER_PORT``.
 
-    Workers start with TORCHELASTIC_USE_AGENT_STORE=True so that a plain
-    ``init_process_group("gloo")`` connects to the store the launcher hosts on 127.0.0.1.
-    Code that sets its own port (the article's ``setup`` uses 12355) must win: for any other
-    port rank 0 hosts the store itself, as it would under ``mp.spawn``, but on 127.0.0.1 only
-    (torch's own would listen on every interface). This is a single-node run, so every rank
-    connects to 127.0.0.1 whatever MASTER_ADDR says.
+    torchrun's workers would connect to the agent's ``TCPStore``, which any local user can open.
+    distlab's ranks get a placeholder ``MASTER_PORT`` (nothing listens there) and this hook turns
+    the TCP rendezvous into a file only you can open: one per attempt and per
+    ``init_process_group`` call (every rank calls it the same number of times, in the same order).
+    Code that sets its own port (the article's ``setup`` uses 12355) gets what ``mp.spawn`` would
+    give it, a store hosted by rank 0, but on 127.0.0.1 only (torch's own would listen on every
+    interface), and the other ranks join it only if that port's listener is yours.
     """
+    import itertools
+
     import torch.distributed  # noqa: F401  (the attribute `rendezvous` is a function; use the module)
 
     rdzv = sys.modules["torch.distributed.rendezvous"]
     original = rdzv._create_c10d_store
+    calls = itertools.count()
 
     def create_store(hostname, port, rank, world_size, timeout, *args, **kwargs):
-        if int(port) == distlab_port:
-            return original(hostname, port, rank, world_size, timeout, *args, **kwargs)
         os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        if int(port) == distlab_port:
+            return _file_store(folder, next(calls), world_size, timeout)
         if int(rank) == 0:
             store = _user_port_store(int(port), world_size, timeout, *args, **kwargs)
             if store is not None:
                 return store
+        else:
+            _check_listener_is_ours(int(port), int(rank))
         return original("127.0.0.1", port, rank, world_size, timeout, *args, **kwargs)
 
     rdzv._create_c10d_store = create_store
+
+
+def _file_store(folder: RunFolder, call: int, world_size, timeout):
+    """A ``FileStore`` in the run folder: the file is made 0600 first, never truncated (ranks race)."""
+    import torch.distributed as dist
+
+    path = folder.store(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), call)
+    open_private(path, "ab").close()
+    store = dist.FileStore(str(path), int(world_size))
+    store.set_timeout(timeout)
+    return store
+
+
+def _check_listener_is_ours(port: int, rank: int) -> None:
+    """Refuse to join a store on 127.0.0.1:``port`` that another user's process listens on: it
+    would see (and could forge) this run's rendezvous. Checked before connecting."""
+    from .errors import PORT_SQUATTED, RendezvousError
+    from .rendezvous import listener_uid
+
+    for _ in range(600):  # rank 0 may not listen yet: wait for a listener (at most ~60 s)
+        uid = listener_uid(port)
+        if uid is not None:
+            break
+        time.sleep(0.1)
+    if uid is not None and uid != os.geteuid():
+        raise RendezvousError(PORT_SQUATTED.format(rank=rank, port=port, uid=uid))
 
 
 def _user_port_store(port: int, world_size, timeout, use_libuv: bool = True, *args, **kwargs):
@@ -149,7 +184,7 @@ def user_traceback(exc: BaseException) -> str:
     keep = [f for f in frames if not f.filename.endswith(runtime)]
     from .origins import format_frames  # liveview: frames of notebook code also name their cell
 
-    text = "Traceback (most recent call last):\n" + format_frames(keep or frames)
+    text = "Traceback (most recent call last):\n" + format_frames(keep or frames, _SCRIPT)
     return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 
@@ -177,7 +212,9 @@ def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
     os.environ["DISTLAB_RUN_DIR"] = run["run_dir"]  # for report() in processes this rank starts
     if run.get("plain_python"):
         _forget_torchrun_environment()
+    global _SCRIPT
     target = argv[1]
+    _SCRIPT = target
     sys.argv = [target, *argv[2:]]
     sys.path.insert(0, str(Path(target).resolve().parent))
     sys.path.extend(p for p in run.get("sys_path", []) if p not in sys.path)  # modules the kernel could import
@@ -273,25 +310,42 @@ def _save_return(rank: int, value) -> None:
 
 
 def _spawn_locally(fn, args, nprocs, style, backend):
-    """``python script.py``: behave like the article's ``mp.spawn`` main program."""
-    import socket
-
+    """``python script.py``: behave like the article's ``mp.spawn`` main program, with nothing of
+    the run where other users could reach it: torch's error files (which ``mp.spawn`` unpickles
+    here) in this process's private folder, and the ranks meeting in a FileStore there, not on a
+    port (a ``MASTER_PORT`` the code sets itself is served on 127.0.0.1 only, as under distlab)."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from . import privtmp
+    from .rendezvous import PLACEHOLDER_PORT
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
+    os.environ.setdefault("MASTER_PORT", str(PLACEHOLDER_PORT))
     os.environ["WORLD_SIZE"] = str(nprocs)
-    mp.spawn(_spawned_rank, args=(fn, args, style, backend), nprocs=nprocs, join=True)
+    with privtmp.private_tempfiles() as folder:
+        stores = Path(tempfile.mkdtemp(prefix="stores-", dir=folder))
+        mp.spawn(_spawned_rank, args=(fn, args, style, backend, str(stores)), nprocs=nprocs, join=True)
 
 
-def _spawned_rank(rank, fn, args, style, backend):
+def _spawned_rank(rank, fn, args, style, backend, stores: str):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    from .rendezvous import PLACEHOLDER_PORT
+
+    _private_rendezvous(_StoreFolder(stores), PLACEHOLDER_PORT)
     value = main(fn, args, style=style, backend=backend)
     if value is not None:
         print(f"[rank{rank}] returned {value!r}")
+
+
+class _StoreFolder:
+    """Where a hand-run script's ranks keep their FileStores (the part of a RunFolder they use)."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def store(self, attempt, call: int) -> Path:
+        return self.path / f"attempt{int(attempt)}-{int(call)}"
 
 
 def report(**metrics) -> None:

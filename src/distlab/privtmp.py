@@ -1,0 +1,117 @@
+"""This process's private temporary folder, and the temporary files of torch kept inside it.
+
+torch's launcher writes files to ``tempfile``'s directory (normally the shared ``/tmp``) and
+reads some of them back: ``torch.multiprocessing.start_processes`` names an error file
+``pytorch-errorfile-*.pickle`` there, *unlinks it*, and when a rank fails it ``pickle.load``\\ s
+whatever then sits at that path, in the launching process (the kernel). Another user who
+re-creates the name in ``/tmp`` runs code as you. ``multiprocessing`` keeps its ``pymp-*``
+folder there too (the forkserver's socket), and warm ranks kept their folder there, both left
+behind after a SIGKILL where pruning never looked.
+
+So every place distlab starts processes does it inside :func:`private_tempfiles`, which points
+``tempfile`` at ``<runs root>/proc-<pid>-<random>``: made 0700 by ``mkdtemp`` inside the checked
+private root, removed when the process exits, and pruned with the root's old runs once its
+process is gone (after a SIGKILL). Standard library only, like :mod:`distlab.runfolder`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+from multiprocessing import util
+from pathlib import Path
+
+PREFIX = "proc-"
+NAME = re.compile(r"^proc-(\d+)-")
+_LOCK = threading.RLock()
+_DIRS: dict[int, Path] = {}  # pid -> its folder (a forked child makes its own)
+_DEPTH = [0]
+_SAVED: list = []
+
+
+def process_dir(root: Path | None = None) -> Path:
+    """This process's private temporary folder (created on first use, in the private root)."""
+    from .runfolder import check_private_dir, private_root
+
+    pid = os.getpid()
+    with _LOCK:
+        folder = _DIRS.get(pid)
+        if folder is not None and folder.is_dir():
+            check_private_dir(folder)
+            return folder
+        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-", dir=private_root(root)))
+        _DIRS[pid] = folder
+        # removed after multiprocessing's own exit handlers, which remove its pymp-* folder in here
+        util.Finalize(None, _remove, args=(folder, pid), exitpriority=-101)
+        return folder
+
+
+def _remove(folder: Path, pid: int) -> None:
+    if os.getpid() == pid:  # never a parent's folder from a forked child's exit
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_tempfiles():
+    """Within this block, ``tempfile`` (so torch's error files) writes to :func:`process_dir`.
+
+    ``tempfile.tempdir`` is process-wide: a launch running in a background thread
+    (``join=False``) also sends the kernel's own temporary files there while ranks start
+    (they stay private to you). Nested and concurrent blocks restore the value the first one saw.
+    """
+    folder = str(process_dir())
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            _SAVED[:] = [tempfile.tempdir]
+            tempfile.tempdir = folder
+        _DEPTH[0] += 1
+    try:
+        yield Path(folder)
+    finally:
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                tempfile.tempdir = _SAVED.pop()
+
+
+@contextlib.contextmanager
+def multiprocessing_tempdir():
+    """``multiprocessing``'s temporary folder (where a forkserver puts its socket) inside
+    :func:`process_dir` while the block runs; the kernel's own setting comes back afterwards."""
+    from multiprocessing import process
+
+    config = process.current_process()._config
+    missing = object()
+    saved = config.get("tempdir", missing)
+    config["tempdir"] = str(process_dir())
+    try:
+        yield
+    finally:
+        if saved is missing:
+            config.pop("tempdir", None)
+        else:
+            config["tempdir"] = saved
+
+
+def stale_dirs(root: Path, alive=None) -> list[Path]:
+    """``proc-<pid>-*`` folders in ``root`` whose process no longer runs (killed without cleanup)."""
+    alive = pid_alive if alive is None else alive
+    stale = []
+    for entry in os.scandir(root):
+        m = NAME.match(entry.name)
+        if m and entry.is_dir(follow_symlinks=False) and not alive(int(m.group(1))):
+            stale.append(Path(entry.path))
+    return stale
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: the folder may still be in use by a pid reuse; keep it
+    return True
