@@ -81,7 +81,23 @@ def start_as_other(command: str, env: dict | None = None) -> subprocess.Popen:
     if env:
         prefix += ["env", *(f"{k}={v}" for k, v in env.items())]
     return subprocess.Popen([*prefix, "sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace")
+                            text=True, errors="replace", start_new_session=True)
+
+
+def stop_other(proc: subprocess.Popen) -> str:
+    """End a :func:`start_as_other` program and everything it started; its output."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.communicate()[0]
 
 
 def other_python() -> str:
