@@ -114,3 +114,13 @@ def test_every_exercise_label_has_one_form():
                 continue
             labels += 1
     assert labels >= 40
+
+
+def test_chinese_prose_quotes_with_chinese_quotation_marks():
+    """“…”, not "…" (code, where ASCII quotes belong, is not prose)."""
+    import re
+
+    found = [(name, chinese[:60]) for name, entries in glossary.load_catalogs(ROOT / "locales").items()
+             for _, chinese in entries
+             if re.search(r"[\u4e00-\u9fff]", chinese) and '"' in glossary.prose(chinese)]
+    assert not found, found
