@@ -21,7 +21,8 @@ EXCEPTIONS = "glossary-exceptions.tsv"
 # The English that selects a sense other than the term's default (the sense listed first in the
 # glossary). Matched against the text around each use of the word (SENSE_WINDOW characters each side).
 SENSES = {
-    "kernel (CUDA)": r"(C\+\+|CUDA|GPU|compute|fused|tiny|big|shared-memory( all-reduce)?) kernels?\b|\bkernels? of a",
+    "kernel (CUDA)": (r"(C\+\+|CUDA|GPU|NCCL|Triton|compute|fused|custom|tiny|small|big|large|shared-memory"
+                      r"( all-reduce)?) kernels?\b|\bkernels? (of a|launch|fusion)"),
     "worker (function)": r"\bworkers? (below|above|in which|of your own|that calls|defined)\b|\bDDP worker\b",
 }
 SENSE_WINDOW = 40

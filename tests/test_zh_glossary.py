@@ -58,6 +58,7 @@ TOY = _terms(("epoch", "轮"), ("kernel (Jupyter)", "内核"), ("kernel (CUDA)",
     ("Restart the kernel.", "重启内核。", []),
     ("Ops run C++/CUDA kernels.", "运算执行 C++/CUDA 内核。", ["kernel (CUDA)"]),
     ("Ops run C++/CUDA kernels in the kernel.", "内核中的运算执行 C++/CUDA 核函数。", []),
+    ("Inductor fuses them into one Triton kernel.", "Inductor 把它们融合成一个 Triton 内核。", ["kernel (CUDA)"]),
     ("The worker below trains.", "下面的工作进程训练。", ["worker (function)"]),
     ("The worker exits.", "工作进程退出。", []),
     ("Each rank prints.", "每个 RANK 打印。", []),                          # Latin renderings: any case
