@@ -1,12 +1,15 @@
 """The Chinese edition: gettext catalogs for every chapter, and the build that applies them.
 
 The English notebooks are the only source. Sphinx's gettext builder extracts every prose string of
-the book (markdown cells, titles, captions, alt text) into one ``.pot`` template per chapter; each
-chapter has a catalog ``locales/zh_CN/LC_MESSAGES/book/<chapter>.po`` holding its translations. Code
-cells and their outputs are not in the catalogs: both editions show the same executed cells.
+the book (markdown cells, titles) into one ``.pot`` template per chapter; each chapter has a catalog
+``locales/zh_CN/LC_MESSAGES/book/<chapter>.po`` holding its translations. What Sphinx never sees as
+text (figure captions, alt text, raw HTML such as ``<summary>Solution</summary>``) has its own
+catalog, ``.../figures/<chapter>.po``, applied to a copy of the notebooks when the edition is built.
+Code cells and their outputs are not in the catalogs: both editions show the same executed cells.
+Each term has one Chinese rendering, ``locales/zh_CN/glossary.tsv`` (checked by ``glossary.py``).
 
     python book/i18n.py update   # after editing a chapter: refresh the templates and the catalogs
-    python book/i18n.py check    # list untranslated, fuzzy or malformed entries (exit 1 if any)
+    python book/i18n.py check    # list untranslated, fuzzy or malformed entries, and glossary misses (exit 1 if any)
     bash book/build-zh.sh        # build the Chinese edition into _build/zh/html (after book/build.sh)
 
 ``update`` keeps existing translations, adds new strings untranslated and marks changed ones
@@ -26,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 LANGUAGE = "zh_CN"
 LOCALES = "locales"
-TITLE_ZH = "distlab：分布式数据并行，可执行的教程"
+TITLE_ZH = "distlab：把分布式数据并行跑起来"
 NUMBERED = re.compile(r"^\d+\. ")
 
 
@@ -58,13 +61,15 @@ def extract_templates(source: Path, out: Path) -> Path:
     return templates
 
 
-# --- captions and alt text: MyST-NB reads them from each figure cell's metadata ----------------------
+# --- captions and alt text: MyST-NB reads them from each figure cell's metadata; with the raw HTML's
+# text below, they make the ``figures`` catalogs (text Sphinx's gettext builder never sees) -----------
 FIGURES = "figures"
 FIGURE_KEYS = (("figure", "caption"), ("image", "alt"))
 
 
 def figure_strings(notebook: dict) -> list[str]:
-    """Every caption and alt text of a notebook's figure cells, in order, each once."""
+    """Every caption and alt text of a notebook's figure cells, in order, each once; then the text of
+    its raw-HTML elements (see ``raw_html_spans``), each once."""
     found: list[str] = []
     for cell in notebook["cells"]:
         meta = cell.get("metadata", {}).get("mystnb", {})
@@ -72,11 +77,41 @@ def figure_strings(notebook: dict) -> list[str]:
             text = meta.get(group, {}).get(key)
             if text and text not in found:
                 found.append(text)
+    for cell in notebook["cells"]:
+        for _, _, text in raw_html_spans(cell):
+            if text not in found:
+                found.append(text)
     return found
 
 
+# --- raw HTML in markdown cells: MyST passes it through untouched, so Sphinx never extracts its text ---
+# (``<details><summary>Solution</summary>``: without this the Chinese pages said "Solution" 40 times)
+RAW_HTML = re.compile(r"<(?P<tag>[a-z][a-z0-9]*)(?:\s[^<>]*)?>(?P<text>[^<>]*[A-Za-z][^<>]*)</(?P=tag)>")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def raw_html_spans(cell: dict) -> list[tuple[int, int, str]]:
+    """(start, end, text) of the text of each raw-HTML element in a markdown cell outside code (a
+    ``<rank>`` in `` `cuda:<rank>` `` is code), whose text has a letter (``<sup>10</sup>`` has none)."""
+    if cell.get("cell_type") != "markdown":
+        return []
+    source = "".join(cell.get("source", ""))
+    masked = CODE.sub(lambda m: "\0" * len(m.group()), source)
+    spans = [(m.start("text"), m.end("text")) for m in RAW_HTML.finditer(masked)]
+    return [(start, end, source[start:end].strip()) for start, end in spans if source[start:end].strip()]
+
+
+def translate_raw_html(cell: dict, table: dict[str, str]) -> None:
+    """Replace the text of a markdown cell's raw-HTML elements by its translation, in place."""
+    source = "".join(cell.get("source", ""))
+    for start, end, text in reversed(raw_html_spans(cell)):
+        if text in table:
+            source = source[:start] + source[start:end].replace(text, table[text]) + source[end:]
+    cell["source"] = source
+
+
 def write_figure_templates(source: Path, folder: Path) -> None:
-    """``figures/<chapter>.pot``: the captions and alt text, a template like Sphinx's own."""
+    """``figures/<chapter>.pot``: the captions, alt text and raw-HTML text, a template like Sphinx's own."""
     from babel.messages.catalog import Catalog
     from babel.messages.pofile import write_po
 
@@ -90,7 +125,7 @@ def write_figure_templates(source: Path, folder: Path) -> None:
 
 
 def translate_figures(source: Path, language: str = LANGUAGE) -> None:
-    """Replace captions and alt text in ``source``'s notebooks by their translations."""
+    """Replace captions, alt text and raw-HTML text in ``source``'s notebooks by their translations."""
     from babel.messages.pofile import read_po
 
     for path in sorted((source / "book").glob("*.ipynb")):
@@ -106,6 +141,8 @@ def translate_figures(source: Path, language: str = LANGUAGE) -> None:
                 text = meta.get(group, {}).get(key)
                 if text in table:
                     meta[group][key] = table[text]
+            if cell.get("cell_type") == "markdown":
+                translate_raw_html(cell, table)
         path.write_text(json.dumps(notebook, ensure_ascii=False, indent=1))
 
 
@@ -189,16 +226,84 @@ def build_zh(root: Path = ROOT) -> int:
 
 
 def update(source: Path = ROOT) -> None:
-    """Refresh templates from the English text and merge them into the catalogs (sphinx-intl)."""
+    """Refresh templates from the English text and merge them into the catalogs (sphinx-intl), dropping
+    entries whose English is gone; every catalog keeps its header as it was (a new one gets ours)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        templates = extract_templates(source, Path(tmp))
-        cmd = [str(Path(sys.executable).with_name("sphinx-intl")), "update", "-p", str(templates),
-               "-l", LANGUAGE, "-d", str(source / LOCALES), "-w", "0"]
-        subprocess.run(cmd, check=True)
-    for po in (source / LOCALES).rglob("*.po"):
-        po.write_text(drop_format_flags(po.read_text()))
+        merge(extract_templates(source, Path(tmp)), source / LOCALES)
+
+
+def merge(templates: Path, locales: Path) -> None:
+    """``update``'s second half: the ``.pot`` files in ``templates`` into the catalogs under ``locales``."""
+    catalogs = locales / LANGUAGE / "LC_MESSAGES"
+    headers = {po: po_header(po.read_text(encoding="utf-8")) for po in catalogs.rglob("*.po")}
+    cmd = [str(Path(sys.executable).with_name("sphinx-intl")), "update", "-p", str(templates),
+           "-l", LANGUAGE, "-d", str(locales), "-w", "0", "--no-obsolete"]
+    subprocess.run(cmd, check=True)
+    for po in catalogs.rglob("*.po"):
+        text = drop_format_flags(po.read_text(encoding="utf-8"))
+        header = headers.get(po) or new_header(po.relative_to(catalogs).with_suffix("").as_posix())
+        po.write_text(with_header(text, header), encoding="utf-8")
+
+
+# --- catalog headers: written once, then left alone -----------------------------------------------
+# Babel rewrites a catalog's header (dates, "Generated-By") whenever its entries change; branches that
+# each add a string to one chapter would then conflict on the header. ``update`` puts it back as it was.
+HEADER = """# Chinese (Simplified) translation of the distlab book: {what} of {name}.
+# This file is distributed under the same license as the distlab package.
+#
+msgid ""
+msgstr ""
+"Project-Id-Version: distlab\\n"
+"Report-Msgid-Bugs-To: \\n"
+"POT-Creation-Date: {date}\\n"
+"PO-Revision-Date: {date}\\n"
+"Last-Translator: the distlab authors\\n"
+"Language: zh_CN\\n"
+"Language-Team: the distlab authors\\n"
+"Plural-Forms: nplurals=1; plural=0;\\n"
+"MIME-Version: 1.0\\n"
+"Content-Type: text/plain; charset=utf-8\\n"
+"Content-Transfer-Encoding: 8bit\\n"
+"""
+PLACEHOLDERS = re.compile(r"PROJECT|Project name not set|FULL NAME|EMAIL@ADDRESS|YEAR-MO-DA|LL@li\.org|"
+                          r"SOME DESCRIPTIVE TITLE|FIRST AUTHOR|ORGANIZATION")
+
+
+def new_header(name: str, date: str | None = None) -> str:
+    """The header of a new catalog ``name`` (``book/03_toy_model``), dated ``date`` (default: now)."""
+    import datetime
+
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M+0000")
+    folder, chapter = name.split("/")
+    what = "the text" if folder == "book" else "the captions, alt text and raw-HTML text"
+    return HEADER.format(what=what, name=chapter, date=date)
+
+
+def po_header(text: str) -> str:
+    """Everything before the first entry after the ``msgid ""`` header entry (comments included)."""
+    start = re.search(r'^msgid ""\nmsgstr ""\n', text, re.M)
+    if not start:
+        return ""
+    end = text.find("\n\n", start.end())
+    return text[:end + 1] if end >= 0 else text
+
+
+def with_header(text: str, header: str) -> str:
+    return header + text[len(po_header(text)):]
+
+
+def catalog_problems(text: str) -> list[str]:
+    """What ``msgfmt --check`` lets through: obsolete entries, a fuzzy header, placeholder values."""
+    found = []
+    header = po_header(text)
+    if "#~ " in text:
+        found.append(f"{text.count('#~ msgid')} obsolete entries (#~): run python book/i18n.py update")
+    if re.search(r"^#, .*fuzzy", header, re.M):
+        found.append("the header is marked fuzzy")
+    found += [f"placeholder in the header: {m.group()}" for m in PLACEHOLDERS.finditer(header)]
+    return found
 
 
 FORMAT_FLAGS = re.compile(r"(no-)?python(-brace)?-format")
@@ -219,10 +324,18 @@ def drop_format_flags(text: str) -> str:
 
 
 def check(source: Path = ROOT) -> list[str]:
+    """Entries missing, untranslated or fuzzy; catalogs with obsolete entries or a placeholder header;
+    entries that miss a glossary rendering (``glossary.py``)."""
     import tempfile
 
+    import glossary
+
     with tempfile.TemporaryDirectory() as tmp:
-        return problems(extract_templates(source, Path(tmp)), source / LOCALES)
+        found = problems(extract_templates(source, Path(tmp)), source / LOCALES)
+    catalogs = source / LOCALES / LANGUAGE / "LC_MESSAGES"
+    for po in sorted(catalogs.rglob("*.po")):
+        found += [f"{po.relative_to(catalogs)}: {p}" for p in catalog_problems(po.read_text(encoding="utf-8"))]
+    return found + glossary.check(source / LOCALES)
 
 
 if __name__ == "__main__":
