@@ -29,6 +29,12 @@ def test_names_a_rank_cannot_hold_are_refused_with_the_reason(names, words):
         data.check_names(names, "push")
 
 
+def test_pull_may_read_the_predefined_names_and_says_how_it_is_called():
+    assert data.check_names(["rank", "device"], "pull") == ["rank", "device"]
+    with pytest.raises(distlab.LaunchArgumentError, match=r'For example ranks.pull\("x"\)'):
+        data.check_names([], "pull")
+
+
 def test_the_positional_argument_must_be_a_dict():
     with pytest.raises(distlab.LaunchArgumentError, match="must be a dict of names, not list"):
         data.merge([1, 2], {}, "push")

@@ -21,14 +21,15 @@ PREDEFINED = ("torch", "dist", "rank", "world_size", "device")  # what every ran
 
 
 def check_names(names, what: str) -> list[str]:
-    """Names a rank can hold: identifiers, not keywords, not the predefined ones."""
+    """Names a rank can hold: identifiers, not keywords; and, to set (push, scatter), not the predefined ones."""
     names = list(names)
     if not names:
-        raise LaunchArgumentError(what, names, "names no variable", f"For example ranks.{what}(x=...).")
+        example = 'ranks.pull("x")' if what == "pull" else f"ranks.{what}(x=...)"
+        raise LaunchArgumentError(what, names, "names no variable", f"For example {example}.")
     for name in names:
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
             raise LaunchArgumentError(what, name, "is not a Python variable name")
-        if name in PREDEFINED:
+        if name in PREDEFINED and what != "pull":
             raise LaunchArgumentError(what, name, "is predefined on every rank and must stay as it is",
                                       "Choose another name.")
     return names
