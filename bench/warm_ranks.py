@@ -2,6 +2,8 @@
 
     start     distlab.Ranks(2) until both ranks joined the process group
     exec      ranks.exec("t = torch.ones(1); dist.all_reduce(t); t.item()")      (median of --repeats)
+    data      the same all-reduce with data travelling: ranks.push(x=<256 floats>), then
+              ranks.exec("dist.all_reduce(x)"), then ranks.pull("x") (three round trips)
     floor     the same source sent over a multiprocessing pipe to two bare spawned gloo processes
               that exec it and send the value back: the least any design can cost here
     cell      a `%%ranks` cell with that source, timed from the client as nbclient sees it
@@ -9,6 +11,8 @@
     plain     a plain `1 + 1` cell through the same kernel (what any cell costs)
 
 Goals (DESIGN.md): exec <= 2 ms, cell <= 10 ms. nbdistributed 0.1.0 measured 131 ms per cell here.
+ipyparallel 9.2's `execute` + `pull` of a trivial all-reduce on two engines measured 19.6 ms here
+(2026-12-01, a past measurement: ipyparallel is not installed); the `data` row is compared with it.
 Last line: `ratio: X` = exec / 131 ms. Usage: python bench/warm_ranks.py [--repeats 50] [--no-kernel]
 """
 import argparse
@@ -26,6 +30,7 @@ import distlab
 
 SOURCE = "t = torch.ones(1); dist.all_reduce(t); t.item()"
 NBDISTRIBUTED_CELL_S = 0.131
+IPYPARALLEL_EXECUTE_PULL_S = 0.0196  # past measurement, see the docstring
 
 FLOOR_WORKER = """
 import os, pickle, sys
@@ -89,7 +94,20 @@ def measure_ranks(repeats: int) -> tuple[float, list[float]]:
         def round_trip():
             assert ranks.exec(SOURCE) == {0: 2.0, 1: 2.0}
 
-        return started, timed(round_trip, repeats)
+        def with_data():
+            import torch
+
+            ranks.push(x=torch.ones(256))
+            ranks.exec("dist.all_reduce(x)")
+            pulled = ranks.pull("x")
+            assert all(float(v.sum()) == 512.0 for v in pulled.values()), pulled
+
+        # alternated, so both see the same load
+        rows = {"exec": [], "data": []}
+        for _ in range(repeats):
+            rows["exec"] += timed(round_trip, 1, warm_up=0 if rows["exec"] else 5)
+            rows["data"] += timed(with_data, 1, warm_up=0 if rows["data"] else 5)
+        return started, rows
 
 
 def run_cell(kc, code: str, timeout: float = 300) -> tuple[float, str]:
@@ -138,8 +156,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         floor = measure_floor(args.repeats, Path(folder))
-    started, exec_times = measure_ranks(args.repeats)
-    rows = {"floor": floor, "exec": exec_times}
+    started, ranks_rows = measure_ranks(args.repeats)
+    exec_times = ranks_rows["exec"]
+    rows = {"floor": floor, **ranks_rows}
     if not args.no_kernel:
         rows.update(measure_cells(args.repeats))
     print(f"start: {started:.2f} s (distlab.Ranks(2), both ranks in the group)")
@@ -148,6 +167,9 @@ def main() -> None:
     for name, values in rows.items():
         med = statistics.median(values)
         print(f"{name:<8}{med * 1e3:>11.2f}{min(values) * 1e3:>9.2f}{len(values):>6}{med / base:>10.1f}")
+    data = statistics.median(rows["data"])
+    print(f"push + exec + pull: {data * 1e3:.2f} ms = {data / statistics.median(exec_times):.1f}x exec; "
+          f"{data / IPYPARALLEL_EXECUTE_PULL_S:.3f}x ipyparallel's execute + pull (19.6 ms, past measurement)")
     if "cell" in rows:
         extra = statistics.median(rows["cell"]) - statistics.median(rows["plain"])
         print(f"%%ranks over a plain cell: {extra * 1e3:.2f} ms (what the magic and the ranks add to any cell)")

@@ -242,9 +242,18 @@ def merge(templates: Path, locales: Path) -> None:
            "-l", LANGUAGE, "-d", str(locales), "-w", "0", "--no-obsolete"]
     subprocess.run(cmd, check=True)
     for po in catalogs.rglob("*.po"):
-        text = drop_format_flags(po.read_text(encoding="utf-8"))
+        text = drop_obsolete(drop_format_flags(po.read_text(encoding="utf-8")))
         header = headers.get(po) or new_header(po.relative_to(catalogs).with_suffix("").as_posix())
         po.write_text(with_header(text, header), encoding="utf-8")
+
+
+def drop_obsolete(text: str) -> str:
+    """Remove ``#~`` entries: sphinx-intl's ``--no-obsolete`` keeps those a catalog already had
+    (a merge of two branches brings some back)."""
+    blocks = text.split("\n\n")
+    kept = [b for b in blocks if not b.strip() or not all(line.startswith("#~") for line in b.strip().splitlines())]
+    joined = "\n\n".join(kept)
+    return joined if joined.endswith("\n") else joined + "\n"
 
 
 # --- catalog headers: written once, then left alone -----------------------------------------------

@@ -10,7 +10,10 @@ screenshots of every step under the test's temp folder (the path is printed; ``p
   file holds a static record, not a widget reference);
 * a failing run shows the rank that failed first, with its traceback, before any other rank;
 * Kernel > Interrupt leads with distlab's one line, shows no torchelastic log line, leaves no
-  worker process behind, and the next launch works.
+  worker process behind, and the next launch works;
+* a notebook saved while a run is live, reopened with a new kernel, still shows what each rank had
+  printed (a plain copy under the widget: the widget itself cannot be drawn without its kernel);
+* a chapter opens unmodified (JupyterLab rewrites metadata a chapter lacks, and marks it modified).
 """
 from __future__ import annotations
 
@@ -61,6 +64,16 @@ FAIL_CELLS = [
     "    time.sleep(60)\n\n"
     "distlab.spawn(sleeper, nprocs=2)",
     "def quick(rank):\n    return rank + 100\n\nprint('relaunched:', distlab.spawn(quick, nprocs=2).returns)",
+]
+
+SAVE_STEPS = 60  # a run still going when the notebook is saved: one line every 0.2 s
+SAVE_CELLS = [
+    "import time\n\nimport distlab",
+    "def slow(rank):\n"
+    f"    for i in range({SAVE_STEPS}):\n"
+    "        print(f'rank {rank} slow step {i}', flush=True)\n"
+    "        time.sleep(0.2)",
+    "distlab.spawn(slow, nprocs=2)",
 ]
 
 # JupyterLab settings for a quiet, deterministic page: every cell stays in the DOM (no windowing),
@@ -322,6 +335,52 @@ def test_a_failure_shows_the_failed_rank_first_and_interrupt_leaves_no_worker(la
         nb.wait(lambda: "relaunched: {0: 100, 1: 101}" in nb.outputs(4), "the relaunch after the interrupt")
         nb.shot("4-relaunched")
         assert "Error displaying widget" not in nb.text() and not nb.errors, nb.errors
+    finally:
+        nb.close()
+
+
+SAVED_COPY_JS = "cell => [...cell.querySelectorAll('details.distlab-saved')].map(e => e.textContent).join('\\n')"
+
+
+def test_a_notebook_saved_while_a_run_is_live_shows_what_it_had_printed_when_reopened(lab, browser, shots):
+    write_notebook(lab["root"] / "saved-live.ipynb", SAVE_CELLS)
+    nb = Notebook(browser, lab, "saved-live.ipynb", shots)
+    try:
+        nb.menu("Run", "Run All Cells")
+        nb.wait(lambda: "rank 1 slow step 2" in nb.cell(2).evaluate(SAVED_COPY_JS), "the copy under the live view")
+        assert nb.prompt(2) == "[*]:"
+        nb.page.keyboard.press("Control+s")
+        nb.wait(lambda: "slow step" in _saved_outputs(lab["root"] / "saved-live.ipynb"), "the save mid-run")
+        nb.shot("1-saved-while-running")
+        saved = _saved_outputs(lab["root"] / "saved-live.ipynb")
+        assert "application/vnd.jupyter.widget-view+json" in saved and "distlab-saved" in saved, saved[:1500]
+        nb.menu("Kernel", "Shut Down Kernel")  # the run ends with its kernel; no later save
+        nb.wait(lambda: workers_under(lab["proc"]) == [], "the workers to end with their kernel")
+    finally:
+        nb.close()
+
+    again = Notebook(browser, lab, "saved-live.ipynb", shots)  # a new kernel: the widget's model is gone
+    try:
+        copy = again.wait(lambda: again.cell(2).evaluate(SAVED_COPY_JS), "the saved copy after reopening")
+        again.shot("2-reopened")
+        assert "rank 0 slow step 2" in copy and "rank 1 slow step 2" in copy, copy[:800]
+        summary = again.cell(2).locator("details.distlab-saved > summary").inner_text()
+        assert "a copy of the output so far" in summary and "the live view above needs the kernel" in summary
+    finally:
+        again.close()
+
+
+def test_a_chapter_opens_unmodified(lab, browser, shots):
+    """JupyterLab fills in the notebook metadata a kernel reports; a chapter that lacks some opens dirty."""
+    import shutil
+
+    shutil.copy(SRC.parent / "book" / "04_point_to_point.ipynb", lab["root"] / "chapter.ipynb")
+    nb = Notebook(browser, lab, "chapter.ipynb", shots)
+    try:
+        time.sleep(2)  # the kernel's info arrives after the status bar says idle
+        nb.shot("chapter-opened")
+        tab = nb.page.locator(".lm-TabBar-tab.jp-mod-current")
+        assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "the chapter opened marked modified"
     finally:
         nb.close()
 

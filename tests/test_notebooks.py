@@ -72,6 +72,19 @@ def test_stored_without_outputs(name):
             assert cell["outputs"] == [] and cell["execution_count"] is None, f"{name} has stored outputs"
 
 
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_stored_with_the_metadata_the_kernel_reports(name):
+    """Else JupyterLab writes it in on opening, and the chapter opens marked modified."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "book"))
+    from kernel_metadata import kernel_metadata
+
+    metadata = json.loads((ROOT / f"{name}.ipynb").read_text())["metadata"]
+    for key, value in kernel_metadata().items():
+        assert metadata.get(key) == value, f"{name}: run book/kernel_metadata.py {name}.ipynb"
+
+
 def test_every_notebook_is_in_the_toc():
     on_disk = {str(p.relative_to(ROOT).with_suffix("")) for p in Path(ROOT, "book").glob("*.ipynb")}
     assert on_disk == set(CHAPTERS)

@@ -60,6 +60,49 @@ def test_a_subset_of_ranks_runs_alone(ranks):
     assert ranks.exec("rank", ranks=0) == {0: 0}
 
 
+def test_push_gives_every_rank_the_same_value_and_scatter_one_value_each(ranks):
+    import torch
+
+    t = torch.arange(3.0)
+    assert ranks.push(t=t, lr=0.5) is None
+    t.add_(100)  # each rank holds its own copy, taken when push was called
+    assert ranks.exec("t.tolist(), lr") == {0: ([0.0, 1.0, 2.0], 0.5), 1: ([0.0, 1.0, 2.0], 0.5)}
+    ranks.scatter(piece=[torch.ones(2), torch.zeros(2)], tag={0: "a", 1: "b"})
+    assert ranks.exec("piece.tolist(), tag") == {0: ([1.0, 1.0], "a"), 1: ([0.0, 0.0], "b")}
+    ranks.push({"ranks": "a name push's own option has"}, ranks=[1])
+    assert ranks.exec("globals().get('ranks')") == {0: None, 1: "a name push's own option has"}
+
+
+def test_pull_and_gather_bring_each_ranks_value_back(ranks):
+    ranks.exec("s = torch.full((2,), float(rank)); dist.all_reduce(s); mine = rank * 10")
+    pulled = ranks.pull("s")
+    assert isinstance(pulled, RankValues) and sorted(pulled) == [0, 1]
+    assert all(v.tolist() == [1.0, 1.0] for v in pulled.values())
+    assert ranks.pull("mine", "s", ranks=[1])[1][0] == 10
+    assert ranks.gather("mine") == [0, 10]
+
+
+def test_pull_of_a_missing_name_names_the_rank_and_keeps_the_ranks(ranks):
+    ranks.exec("only_on_0 = 1", ranks=[0])
+    with pytest.raises(err.RankError) as info:
+        ranks.pull("only_on_0")
+    assert (info.value.rank, info.value.name, info.value.usable) == (1, "NameError", True)
+    assert "distlab: rank 1 raised NameError in ranks.pull('only_on_0')." in str(info.value)
+    assert "name 'only_on_0' is not defined on this rank" in str(info.value)
+    assert ranks.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+
+
+def test_bad_push_and_scatter_arguments_fail_before_anything_is_sent(ranks):
+    ranks.push(guard=1)
+    with pytest.raises(distlab.LaunchArgumentError, match="one value per selected rank: 2 values, not 3"):
+        ranks.scatter(guard=[5, 6, 7])
+    with pytest.raises(distlab.CaptureError, match="the value of 'bad'"):
+        ranks.push(guard=2, bad=threading.Lock())
+    with pytest.raises(distlab.LaunchArgumentError, match="predefined"):
+        ranks.push(rank=3)
+    assert ranks.pull("guard") == {0: 1, 1: 1}  # nothing of the refused calls arrived
+
+
 def test_run_captures_helpers_classes_imports_and_values_like_spawn(ranks, monkeypatch):
     ns = run_cells(
         "import torch\nimport torch.distributed as dist\nSCALE = 3\nOFFSET = torch.tensor([0.5])\n",

@@ -98,6 +98,18 @@ def test_only_ranks_cells_go_to_the_ranks_and_a_subset_runs_alone(kernel):
     assert cell["result"] is None and cell["streams"] == []
 
 
+def test_push_brings_the_notebooks_variables_into_the_cells_ranks_only(kernel):
+    ok(kernel.run("import torch\nw = torch.tensor([1.0, 2.0])\nscale = 3"))
+    cell = ok(kernel.run("%%ranks 1 --push w,scale\n(w * scale).tolist()"))
+    assert cell["result"] == "[rank1] [3.0, 6.0]"
+    cell = ok(kernel.run("%%ranks\n'scale' in globals()"))
+    assert cell["result"] == "[rank0] False\n[rank1] True"
+    cell = kernel.run("%%ranks --push nowhere\nran = True")
+    shown = "".join(text for _, name, text in cell["streams"] if name == "stderr")
+    assert shown.startswith("UsageError: %%ranks --push: the notebook has no variable 'nowhere'")
+    assert ok(kernel.run("%%ranks\n'ran' in globals()"))["result"] == "[rank0] False\n[rank1] False"
+
+
 def test_output_of_different_cells_never_mixes(kernel):
     first = ok(kernel.run("%%ranks\nimport threading, time\n"
                           "th = threading.Thread(target=lambda: (time.sleep(0.5), print('late', rank)))\n"

@@ -146,11 +146,13 @@ def test_user_traceback_drops_runtime_frames():
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("", (None, DEFAULT)),
-    ("0,2", ([0, 2], DEFAULT)),
-    ("1 --timeout 2.5", ([1], 2.5)),
-    ("--timeout=4", (None, 4.0)),
-    ("--timeout None", (None, None)),
+    ("", (None, DEFAULT, [])),
+    ("0,2", ([0, 2], DEFAULT, [])),
+    ("1 --timeout 2.5", ([1], 2.5, [])),
+    ("--timeout=4", (None, 4.0, [])),
+    ("--timeout None", (None, None, [])),
+    ("--push x,y_2 0,1", ([0, 1], DEFAULT, ["x", "y_2"])),
+    ("--push=x --timeout 3 --push y", (None, 3.0, ["x", "y"])),
 ])
 def test_magic_line(line, expected):
     assert parse_line(line) == expected
@@ -161,11 +163,13 @@ def test_magic_line(line, expected):
     ("a,b", "ranks are written 0,2"),
     ("--timeout", "--timeout needs a number"),
     ("--timeout soon", "must be a number of seconds or None, not 'soon'"),
+    ("--push", "--push needs names"),
+    ("--push x,1y", "variable names written x,y"),
 ])
 def test_magic_line_errors_say_how_to_write_it(line, words):
     with pytest.raises(UsageError, match=words) as info:
         parse_line(line)
-    assert "usage: %%ranks [RANK,RANK,...] [--timeout SECONDS]" in str(info.value)
+    assert "usage: %%ranks [RANK,RANK,...] [--timeout SECONDS] [--push NAME,NAME,...]" in str(info.value)
 
 
 def no_new_children(before):

@@ -25,6 +25,9 @@ class Blocks(HTMLParser):
         if tag == "details" and "data-rank" in attrs:
             self.blocks.append({"rank": int(attrs["data-rank"]), "open": "open" in attrs, "summary": "",
                                 "earlier": "", "shown": ""})
+        elif tag == "details" and not self._stack:
+            self._stack.append("other")  # a block of the record that is not a rank's (the return values)
+            return
         if tag in ("details", "summary"):
             self._stack.append(tag)
 
@@ -33,7 +36,7 @@ class Blocks(HTMLParser):
             self._stack.pop()
 
     def handle_data(self, data):
-        if not self._stack or not self.blocks:
+        if not self._stack or not self.blocks or "other" in self._stack:
             return
         depth = self._stack.count("details")
         if self._stack[-1] == "summary":
@@ -73,8 +76,21 @@ def test_a_successful_record_opens_every_rank_and_shows_the_returns():
     assert [(b["rank"], b["open"]) for b in blocks] == [(0, True), (1, True)]
     assert "done in 3.1 s" in blocks[1]["summary"]
     assert blocks[1]["shown"] == "rank 1 line 0\nrank 1 line 1\nrank 1 line 2"
-    assert "{0: 0, 1: 2}" in page and "/runs/x" in page
-    assert record.record_text(board).startswith("distlab: 2 ranks done in 3.1 s\n--- rank 0 · done in 3.1 s · 3 lines")
+    assert '<details class="distlab-returns" open><summary>return values' in page and "/runs/x" in page
+    assert "rank 0: 0\nrank 1: 2</pre>" in page  # one rank per line
+    text = record.record_text(board)
+    assert text.startswith("distlab: 2 ranks done in 3.1 s\n--- rank 0 · done in 3.1 s · 3 lines")
+    assert "returns:\n  rank 0: 0\n  rank 1: 2\n" in text
+
+
+def test_long_return_values_are_pretty_printed_per_rank_and_cut_with_a_pointer_to_all_of_it():
+    stamps = {f"t{i}": 1764600000.0 + i for i in range(60)}
+    rows = record.returns_lines({0: stamps, 1: {"loss": 0.5}})
+    assert rows[1] == (1, "{'loss': 0.5}")
+    assert rows[0][1].startswith("{'t0': 1764600000.0,") and "\n" in rows[0][1]  # pretty-printed, not one long line
+    assert rows[0][1].endswith(" … (res.returns[0] holds all of it)") and "t59" not in rows[0][1]
+    page = record.returns_html({0: stamps, 1: {"loss": 0.5}})
+    assert page.startswith('<details class="distlab-returns"><summary>')  # long: closed, one click away
 
 
 def test_an_interrupted_record_leads_with_the_headline_and_keeps_ranks_a_click_away():
@@ -266,8 +282,9 @@ def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected
     assert shower.replaced == []  # this engine reports the outcome: the record waits for finish()
     view.finish(WorkerFailedError(1, 1, "tb", "", "/runs/x"))
     assert view.tabs.selected_index == 1 and view.tabs.titles == ("rank 0 · stopped", "rank 1 ✗ failed first")
-    ((bundle, display_id),) = shower.replaced
+    (bundle, display_id), (emptied, saved_id) = shower.replaced
     assert display_id == shower.shown[0][1] and set(bundle) == {"text/html", "text/plain"}
+    assert saved_id == shower.shown[1][1] and emptied == {"text/plain": ""}  # the mid-run copy gives way
     assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1
     (inside,) = view.box.children  # where the output cannot be replaced (join=False), the widget shows it
     assert inside.value == bundle["text/html"]
@@ -278,8 +295,54 @@ def test_an_engine_without_finish_still_leaves_a_record(widget_view):
     view.line(0, "hi")
     clock.now += 2.0
     view.close()
-    ((bundle, _),) = shower.replaced
+    *_, (bundle, _), (emptied, _) = shower.replaced
+    assert emptied == {"text/plain": ""}
     assert bundle["text/plain"].startswith("distlab: ended after 2.0 s\n--- rank 0 · ended · 1 line ---\nhi")
+
+
+def test_a_copy_of_the_output_so_far_sits_under_the_widgets_for_a_notebook_saved_mid_run(widget_view):
+    from distlab.display import SNAPSHOT_S
+
+    view, shower, clock = widget_view
+    (widget, live_id), (copy, saved_id) = shower.shown
+    assert not isinstance(widget, dict) and saved_id != live_id
+    assert copy["text/html"].startswith('<details class="distlab-saved"><summary>distlab: a copy of the output so far')
+    view.line(1, "step 1 of rank 1")
+    view.refresh()
+    assert shower.replaced == []  # not redrawn more often than every SNAPSHOT_S
+    clock.now += SNAPSHOT_S
+    view.refresh()
+    ((bundle, display_id),) = shower.replaced
+    assert display_id == saved_id and "(2 s in)" in bundle["text/plain"]
+    assert "step 1 of rank 1" in bundle["text/html"] and "still running after 2.0 s" in bundle["text/html"]
+    clock.now += SNAPSHOT_S
+    view.refresh()
+    assert len(shower.replaced) == 1  # nothing new: nothing sent
+
+
+def test_a_rank_that_printed_nothing_says_running_in_its_pane_as_in_its_tab(widget_view, tmp_path):
+    view, _, _ = widget_view
+    view.begin(tmp_path)
+    (tmp_path / "ready").mkdir()
+    view.refresh()
+    assert "starting" in view.panes[1].value
+    (tmp_path / "ready" / "rank1").write_text("123")
+    view.refresh()
+    assert view.tabs.titles[1] == "rank 1 · running" and "running, printed nothing yet" in view.panes[1].value
+
+
+def test_the_headline_and_every_ranks_done_time_come_from_one_clock(widget_view, tmp_path):
+    view, shower, clock = widget_view
+    view.begin(tmp_path)
+    (tmp_path / "returns").mkdir()
+    clock.now += 0.5
+    for rank in (0, 1):
+        (tmp_path / "returns" / f"rank{rank}.pt").write_bytes(b"")
+    view.refresh()
+    clock.now += 0.04
+    view.finish(RunResult(tmp_path, None, 2, returns={0: 1, 1: 2}, wall_s=0.41))  # the engine's own, shorter, clock
+    text = shower.replaced[0][0]["text/plain"]
+    assert text.startswith("distlab: 2 ranks done in 0.5 s\n--- rank 0 · done in 0.5 s"), text
 
 
 # ---------------------------------------------------------------------------------------------- engine hooks

@@ -204,6 +204,19 @@ def test_multiprocessing_resource_tracker_is_not_a_worker():
     assert lab.worker_processes() == []
 
 
+@pytest.mark.slow
+def test_open_warm_ranks_are_kept_on_purpose_and_forgotten_ones_are_workers(monkeypatch):
+    import distlab
+    from distlab import ranks as ranks_module
+
+    with distlab.Ranks(2, backend="gloo") as ranks:
+        assert lab.worker_processes() == []  # warm ranks live from cell to cell by design
+        with monkeypatch.context() as m:
+            m.setattr(ranks_module, "_current", [])  # as if closed, with their processes left behind
+            assert sorted(p.pid for p in lab.worker_processes()) == sorted(ranks.pids)
+    assert lab.worker_processes() == []  # close() left nothing
+
+
 # --- exercise 3, launched (processes) ------------------------------------------------------------
 
 def uneven_under_join():

@@ -49,6 +49,8 @@ class TextView:
 
 
 REFRESH_S = 0.25  # the widgets redraw at most this often: a rank printing 1000 lines/s sends 4 updates/s
+SNAPSHOT_S = 2.0  # how often the saved copy under the widgets (what a notebook saved mid-run keeps) is redrawn
+EMPTY = {"text/plain": ""}  # what the saved copy becomes once the record has replaced the widgets
 PANE_LAYOUT = {"max_height": "24em", "overflow": "auto", "display": "flex", "flex_flow": "column-reverse"}
 
 
@@ -56,9 +58,10 @@ class IPythonDisplay:
     """How the widget view shows things: IPython's display machinery (replaced in tests)."""
 
     def show(self, obj, display_id: str) -> None:
+        """A widget, or a mime bundle (a dict)."""
         from IPython.display import display
 
-        display(obj, display_id=display_id)
+        display(obj, display_id=display_id, raw=isinstance(obj, dict))
 
     def replace(self, bundle: dict, display_id: str) -> None:
         from IPython.display import update_display
@@ -72,6 +75,11 @@ class WidgetView:
 
     The widgets are redrawn from a small thread every ``REFRESH_S`` (never once per line), which
     also notices ranks starting (``ready/rankN``) and returning (``returns/rankN.pt``).
+
+    A widget is drawn from its model in the kernel: a notebook saved while the run is live and
+    reopened later shows ``Error displaying widget: model not found`` in its place. So a second
+    output under the widgets, plain HTML, holds a copy of every rank's output so far (collapsed to
+    one line, redrawn every ``SNAPSHOT_S``); the record replaces both when the run ends.
     """
 
     def __init__(self, world_size: int, shower=None, clock=time.monotonic):
@@ -93,6 +101,9 @@ class WidgetView:
         self._stop = threading.Event()
         self._recorded = False
         self.shower.show(self.box, self.display_id)
+        self.saved_id = self.display_id + "-saved"
+        self._saved_at, self._saved_changes = self.clock(), False
+        self.shower.show(record.snapshot_bundle(self.board, 0.0), self.saved_id)
         self._ticker = threading.Thread(target=self._tick_loop, daemon=True, name="distlab-view")
         self._ticker.start()
 
@@ -133,13 +144,16 @@ class WidgetView:
             if self._recorded:
                 return
             self._recorded = True
-            self.board.finish(record.outcome_of(outcome, self.clock() - self.t0) if outcome is not None
-                              else record.Outcome("ended", wall_s=self.clock() - self.t0))
+            elapsed = self.clock() - self.t0
+            ended = record.outcome_of(outcome, elapsed) if outcome is not None else record.Outcome("ended")
+            ended.wall_s = elapsed  # the clock the ranks' "done in" times were read from: the headline agrees
+            self.board.finish(ended)
             self._draw_titles()
             if self.board.outcome.failed_rank is not None and self.board.outcome.failed_rank < len(self.panes):
                 self.tabs.selected_index = self.board.outcome.failed_rank
             bundle = record.record_bundle(self.board)
             self.shower.replace(bundle, self.display_id)
+            self.shower.replace(EMPTY, self.saved_id)  # the record itself is what a saved notebook keeps now
             live = (self.header, self.bars, self.tabs, *self.panes, *(x for pair in self._bar_widgets.values()
                                                                         for x in pair))
             self.box.children = (w.HTML(bundle["text/html"]),)
@@ -162,11 +176,20 @@ class WidgetView:
             for rank in sorted(dirty):
                 state = self.board.ranks[rank]
                 if rank < len(self.panes):
-                    self.panes[rank].value = record.pane_html(state.lines, state.count, "running, printed nothing yet")
+                    self.panes[rank].value = record.pane_html(state.lines, state.count, record.placeholder(state))
                 if state.total:
                     self._draw_bar(state)
             self._draw_titles()
             self.header.value = self._header_html()
+            self._saved_changes |= bool(dirty)
+            self._save_copy()
+
+    def _save_copy(self) -> None:
+        """Redraw the saved copy when something changed and SNAPSHOT_S has passed (never after the record)."""
+        now = self.clock()
+        if self._saved_changes and not self._recorded and now - self._saved_at >= SNAPSHOT_S:
+            self.shower.replace(record.snapshot_bundle(self.board, now - self.t0), self.saved_id)
+            self._saved_at, self._saved_changes = now, False
 
     def _watch_files(self) -> None:
         """Ranks that started (``ready/rankN``) or returned a value (``returns/rankN.pt``)."""
@@ -174,10 +197,10 @@ class WidgetView:
             return
         now = self.clock() - self.t0
         for rank in range(self.world_size):
-            if (self.run_dir / "ready" / f"rank{rank}").exists():
-                self.board.started(rank)
-            if (self.run_dir / "returns" / f"rank{rank}.pt").exists():
-                self.board.returned(rank, now)
+            if (self.run_dir / "ready" / f"rank{rank}").exists() and self.board.started(rank):
+                self._dirty.add(rank)  # its pane says "running" now, as its tab does
+            if (self.run_dir / "returns" / f"rank{rank}.pt").exists() and self.board.returned(rank, now):
+                self._dirty.add(rank)
 
     def _draw_titles(self) -> None:
         titles = tuple(s.title() for s in self.board.ranks[: len(self.panes)])

@@ -108,6 +108,10 @@ def handle(msg: tuple, ns: dict) -> tuple:
             value = _exec(msg[2], msg[3], ns)
         elif kind == proto.RUN:
             value = _run(*msg[2:], ns)
+        elif kind == proto.PUSH:
+            value = _push(msg[2], ns)
+        elif kind == proto.PULL:
+            value = proto.pulled(msg[2], ns)
         elif kind == proto.PROBE:
             value = _probe(ns)
         else:
@@ -133,6 +137,12 @@ def _run(units: list, values: bytes, entry: str, args: bytes, ns: dict):
             exec(compile(source, filename, "exec"), ns)
         ns.update(pickle.loads(values))
         return ns[entry](*pickle.loads(args))
+
+
+def _push(data: bytes, ns: dict) -> None:
+    """Variables the kernel sent (``ranks.push``/``scatter``/``%%ranks --push``), set as a cell would."""
+    with UserCode():  # unpickling may run code of the values' classes
+        ns.update(pickle.loads(data))
 
 
 def _probe(ns: dict) -> bool:

@@ -5,6 +5,8 @@ pickled tuples over a ``multiprocessing`` pipe. Kernel to rank::
 
     ("exec", req, source, filename)              run cell source; reply with its last expression
     ("run", req, units, values, entry, args)     define captured code, call entry(*args)
+    ("push", req, pickled_values)                set these variables ({name: value}) in the namespace
+    ("pull", req, names)                         reply with the value of a name (a tuple for several)
     ("probe", req)                               all-reduce a one: is the process group healthy?
     ("close", req)                               leave the group and exit
 
@@ -29,7 +31,7 @@ from .capture import Captured
 
 LAUNCH_FRAME = 'File "<string>", line 1 in <module>'
 OUT, DONE, ERROR, READY, START_FAILED = "out", "done", "error", "ready", "start-failed"
-EXEC, RUN, PROBE, CLOSE = "exec", "run", "probe", "close"
+EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
 
 
 # --- running source --------------------------------------------------------------------------
@@ -83,6 +85,16 @@ def defined_name(source: str) -> str | None:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return node.name
     return None
+
+
+def pulled(names: tuple[str, ...], ns: dict):
+    """A rank's answer to ``pull``: the value of one name, a tuple for several; a clear NameError else."""
+    missing = [name for name in names if name not in ns]
+    if missing:
+        raise NameError(f"name {missing[0]!r} is not defined on this rank (set it in a %%ranks cell, "
+                        f"or with ranks.push / ranks.scatter)")
+    values = tuple(ns[name] for name in names)
+    return values[0] if len(values) == 1 else values
 
 
 # --- what comes back -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import weakref
 from itertools import count
 
 from . import capture, config
+from . import rank_data as data
 from . import rank_errors as err
 from . import rank_proto as proto
 from .errors import LaunchArgumentError
@@ -164,6 +165,53 @@ class Ranks:
             raise outcome
         return outcome
 
+    # --- data between the kernel and the ranks --------------------------------------------------
+
+    def push(self, namespace: dict | None = None, /, *, ranks=None, timeout=DEFAULT, **values) -> None:
+        """Set variables on every rank (or ``ranks``) to the **same** value: ``ranks.push(x=t, lr=0.1)``.
+
+        Each rank gets its own copy (pickled here, sent over the rank's private pipe). A name that
+        clashes with ``ranks``/``timeout`` goes in a dict: ``ranks.push({"ranks": 4})``. One value
+        per rank instead: :meth:`scatter`.
+        """
+        __tracebackhide__ = True
+        values = data.merge(namespace, values, "push")
+        selected, limit = self._selection(ranks), self._limit(timeout)
+        payload = data.pack(values)
+        outcome = self._call((proto.PUSH, payload), selected, limit, f"ranks.push({', '.join(values)})")
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+    def scatter(self, namespace: dict | None = None, /, *, ranks=None, timeout=DEFAULT, **values) -> None:
+        """Set a variable to **one value per rank**: ``ranks.scatter(x=[v0, v1])`` gives rank 0 ``v0``.
+
+        Each value is a list or tuple with one item per selected rank (in rank order) or a dict
+        ``{rank: value}``; a rank receives only its own item. The same value everywhere: :meth:`push`.
+        """
+        __tracebackhide__ = True
+        values = data.merge(namespace, values, "scatter")
+        selected, limit = self._selection(ranks), self._limit(timeout)
+        each = {rank: (proto.PUSH, data.pack(mine)) for rank, mine in data.split(values, selected).items()}
+        outcome = self._call(None, selected, limit, f"ranks.scatter({', '.join(values)})", each=each)
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+    def pull(self, *names: str, ranks=None, timeout=DEFAULT) -> proto.RankValues:
+        """``{rank: value}`` of a variable on every rank (or ``ranks``); ``{rank: (v1, v2)}`` for several."""
+        __tracebackhide__ = True
+        names = tuple(data.check_names(names, "pull"))
+        selected, limit = self._selection(ranks), self._limit(timeout)
+        outcome = self._call((proto.PULL, names), selected, limit, f"ranks.pull({', '.join(map(repr, names))})")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def gather(self, name: str, *, ranks=None, timeout=DEFAULT) -> list:
+        """A variable's value on each rank, as a list in rank order: ``[v_rank0, v_rank1, ...]``."""
+        __tracebackhide__ = True
+        values = self.pull(name, ranks=ranks, timeout=timeout)
+        return [values[r] for r in sorted(values)]
+
     def _selection(self, ranks) -> list[int]:
         if ranks is None:
             return list(range(self.nprocs))
@@ -183,14 +231,18 @@ class Ranks:
             raise err.RanksBusyError(err.BUSY)
         return _Release(self._lock)
 
-    def _call(self, message: tuple, selected: list[int], timeout, where: str):
+    def _call(self, message: tuple | None, selected: list[int], timeout, where: str, each: dict | None = None):
+        """Send ``message`` to the selected ranks (or ``each[rank]`` to each) and wait for every reply."""
         with self._guard():
             if self._group is None:
                 return err.RanksStoppedError(err.CLOSED if self.state == "closed" else
                                              err.STOPPED.format(why=self._stopped_why))
             with _InterruptFlag() as flag:
                 conv = Conversation(self._group, next(self._requests), selected, self.late_output, flag)
-                conv.send(message[0], *message[1:])
+                if each is None:
+                    conv.send(message[0], *message[1:])
+                else:
+                    send_each(conv, each)
                 conv.wait(timeout)
                 problem = self._conclude(conv, where, timeout)
             if problem is None:
@@ -275,6 +327,16 @@ def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, t
         return err.RanksTimeoutError(text, everyone, usable)
     return KeyboardInterrupt(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
                                                     state=state, **names))
+
+
+def send_each(conv: Conversation, messages: dict[int, tuple]) -> None:
+    """Like ``conv.send``, but each rank gets its own message (``scatter``: only its own values)."""
+    for rank in sorted(conv.pending):
+        kind, *payload = messages[rank]
+        try:
+            conv.group.conns[rank].send_bytes(pickle.dumps((kind, conv.req, *payload)))
+        except OSError:
+            conv._record(rank, conv._death(rank))
 
 
 def definition_unit(source: str, ns: dict) -> tuple[str, str, str]:

@@ -12,6 +12,7 @@ and show what this module renders, so the rendering is tested without a browser.
 from __future__ import annotations
 
 import html
+import pprint
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ RECORD_TAIL_LINES = 200  # per rank in the saved record (the full log stays in r
 RECORD_SHOWN_LINES = 25  # of those, shown without a click: the end, where a traceback is
 TEXT_TAIL_LINES = 40  # per rank in the text/plain fallback
 MAX_LINE_CHARS = 1000
+RETURN_CHARS = 600  # per rank in the record (res.returns holds every value whole)
 OPEN_RANKS_WHEN_DONE = 4  # a successful run shows every rank's block open up to this many ranks
 
 # No scroll boxes in the record: JupyterLab's sanitizer, GitHub and nbviewer keep or drop CSS as they
@@ -88,6 +90,8 @@ class Outcome:
             return f"timed out{after}; all ranks were stopped"
         if self.kind == "interrupted":
             return f"interrupted{after}; all {world_size} worker processes were stopped"
+        if self.kind == "running":
+            return f"still running{after}"
         return self.message or f"ended{after}"
 
 
@@ -136,14 +140,19 @@ class Board:
             state.phase = "running"
         return True
 
-    def started(self, rank: int) -> None:
+    def started(self, rank: int) -> bool:
+        """The rank's process is up; True when that changed its state (its pane must say so too)."""
         if self._rank(rank).phase == "starting":
             self._rank(rank).phase = "running"
+            return True
+        return False
 
-    def returned(self, rank: int, at_s: float) -> None:
+    def returned(self, rank: int, at_s: float) -> bool:
         state = self._rank(rank)
         if state.phase in ("starting", "running"):
             state.phase, state.done_s = "done", at_s
+            return True
+        return False
 
     def finish(self, outcome: Outcome) -> None:
         """Every rank's final state, from how the run ended."""
@@ -152,6 +161,8 @@ class Board:
             if outcome.kind == "done":
                 state.phase = "done"
                 state.done_s = state.done_s if state.done_s is not None else outcome.wall_s
+                if outcome.wall_s is not None and state.done_s is not None:
+                    state.done_s = min(state.done_s, outcome.wall_s)  # no rank is done after the whole run
             elif outcome.kind == "failed":
                 failed = state.rank == outcome.failed_rank
                 state.phase = "failed" if failed else "stopped"
@@ -168,6 +179,15 @@ class Board:
 
 
 # ---------------------------------------------------------------------------------------------- HTML
+def placeholder(state: RankState) -> str:
+    """What a live pane says while its rank has printed nothing: the same state as its tab."""
+    if state.phase == "starting":
+        return "starting…"
+    if state.phase == "running":
+        return "running, printed nothing yet"
+    return f"{state.label()}, printed nothing"
+
+
 def pane_html(lines, total: int, placeholder: str = "") -> str:
     """A rank's latest lines for a live pane (the pane's own layout keeps its bottom end in view)."""
     lines = list(lines)
@@ -237,7 +257,7 @@ def record_html(board: Board) -> str:
                      f"<summary>rank {state.rank} · {label} · {count}</summary>"
                      f"{_output_html(lines, total)}</details>")
     if outcome.returns and not failed:
-        parts.append(f"<div><code>returns</code>: <code>{html.escape(_short_repr(outcome.returns))}</code></div>")
+        parts.append(returns_html(outcome.returns))
     if outcome.run_dir:
         parts.append(f'<div style="opacity:0.7">run folder: <code>{html.escape(outcome.run_dir)}</code></div>')
     parts.append("</div>")
@@ -255,7 +275,8 @@ def record_text(board: Board) -> str:
             out.append(f"… {total - len(lines)} earlier lines not shown")
         out.extend(lines)
     if outcome.returns and outcome.kind == "done":
-        out.append(f"returns: {_short_repr(outcome.returns)}")
+        out.append("returns:")
+        out.extend(f"  rank {rank}: {text}" for rank, text in returns_lines(outcome.returns))
     if outcome.run_dir:
         out.append(f"run folder: {outcome.run_dir}")
     return "\n".join(out)
@@ -264,6 +285,43 @@ def record_text(board: Board) -> str:
 def record_bundle(board: Board) -> dict:
     """A display bundle with no widget in it: what the cell keeps once the run is over."""
     return {"text/html": record_html(board), "text/plain": record_text(board)}
+
+
+def returns_lines(returns) -> list[tuple[object, str]]:
+    """``(rank, text)`` per rank: each rank's value on its own, pretty-printed, cut only when long."""
+    if not isinstance(returns, dict):
+        return [("?", _short_repr(returns, RETURN_CHARS))]
+    out = []
+    for rank in sorted(returns, key=repr):
+        text = pprint.pformat(returns[rank], width=100, compact=True, sort_dicts=False)
+        if len(text) > RETURN_CHARS:
+            text = text[:RETURN_CHARS] + f" … (res.returns[{rank!r}] holds all of it)"
+        out.append((rank, text))
+    return out
+
+
+def returns_html(returns) -> str:
+    """The return values, one rank per line; open when each fits on a line, else one click away."""
+    rows = returns_lines(returns)
+    short = all("\n" not in text and len(text) <= 100 for _, text in rows)
+    body = "\n".join(f"rank {rank}: {text}" for rank, text in rows)
+    return (f'<details class="distlab-returns"{" open" * short}><summary>return values '
+            f"(<code>res.returns</code>)</summary><pre style=\"{PRE_STYLE}\">{html.escape(body)}</pre></details>")
+
+
+SAVED_SUMMARY = ("distlab: a copy of the output so far ({elapsed:.0f} s in), for a notebook saved while this run "
+                 "is going: the live view above needs the kernel that runs it")
+
+
+def snapshot_bundle(board: Board, elapsed_s: float) -> dict:
+    """What a notebook saved mid-run keeps next to the live widget (which a reopened notebook cannot
+    draw): every rank's output so far, collapsed under one line while the live view is there."""
+    running = Board(board.world_size)
+    running.ranks, running.outcome = board.ranks, Outcome("running", wall_s=elapsed_s)
+    summary = SAVED_SUMMARY.format(elapsed=elapsed_s)
+    return {"text/html": f"<details class=\"distlab-saved\"><summary>{html.escape(summary)}</summary>"
+                         f"{record_html(running)}</details>",
+            "text/plain": summary + "\n" + record_text(running)}
 
 
 def clip(line: str) -> str:

@@ -23,7 +23,8 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func
 # --- leftovers ---------------------------------------------------------------------------------
 
 def worker_processes(pid: int | None = None) -> list[psutil.Process]:
-    """Every process below ``pid`` (default: this kernel) that still exists, zombies included.
+    """Every process below ``pid`` (default: this kernel) that still exists, zombies included,
+    except the ones kept on purpose (the forkserver, the resource tracker, open warm ranks).
 
     A zombie has exited but was never reaped; it still counts, because a launcher that forgets
     to reap its children leaks them just the same.
@@ -32,7 +33,16 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in children if not _is_multiprocessing_helper(p)]
+    warm = _warm_rank_pids()
+    return [p for p in children if not _is_multiprocessing_helper(p) and p.pid not in warm]
+
+
+def _warm_rank_pids() -> set[int]:
+    """The processes of every open :class:`distlab.Ranks`: kept from cell to cell by design, until
+    ``close()`` (after which any that is left counts as a worker like any other)."""
+    from distlab import ranks
+
+    return {pid for ref in ranks._current if ref() is not None for pid in ref().pids}
 
 
 def _is_multiprocessing_helper(p: psutil.Process) -> bool:

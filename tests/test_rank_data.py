@@ -1,0 +1,86 @@
+"""push / scatter / pull without processes: names, per-rank splitting, pickling, the rank's answer."""
+import pickle
+import threading
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+import distlab
+from distlab import rank_data as data
+from distlab import rank_proto as proto
+from distlab.magic import pushed_values
+
+
+def test_push_takes_keywords_and_a_dict_for_names_that_clash_with_its_options():
+    assert data.merge(None, {"x": 1}, "push") == {"x": 1}
+    assert data.merge({"ranks": 4, "timeout": 2}, {"y": [1, 2]}, "push") == {"ranks": 4, "timeout": 2, "y": [1, 2]}
+
+
+@pytest.mark.parametrize("names, words", [
+    ([], "names no variable"),
+    (["1x"], "is not a Python variable name"),
+    (["class"], "is not a Python variable name"),
+    (["rank"], "is predefined on every rank"),
+    (["dist"], "is predefined on every rank"),
+])
+def test_names_a_rank_cannot_hold_are_refused_with_the_reason(names, words):
+    with pytest.raises(distlab.LaunchArgumentError, match=words):
+        data.check_names(names, "push")
+
+
+def test_pull_may_read_the_predefined_names_and_says_how_it_is_called():
+    assert data.check_names(["rank", "device"], "pull") == ["rank", "device"]
+    with pytest.raises(distlab.LaunchArgumentError, match=r'For example ranks.pull\("x"\)'):
+        data.check_names([], "pull")
+
+
+def test_the_positional_argument_must_be_a_dict():
+    with pytest.raises(distlab.LaunchArgumentError, match="must be a dict of names, not list"):
+        data.merge([1, 2], {}, "push")
+
+
+def test_scatter_gives_each_selected_rank_its_own_item_in_rank_order():
+    assert data.split({"x": [10, 11], "y": ("a", "b")}, [0, 1]) == {0: {"x": 10, "y": "a"}, 1: {"x": 11, "y": "b"}}
+    assert data.split({"x": [7, 9]}, [1, 3]) == {1: {"x": 7}, 3: {"x": 9}}
+    assert data.split({"x": {0: "zero", 2: "two"}}, [0, 2]) == {0: {"x": "zero"}, 2: {"x": "two"}}
+
+
+@pytest.mark.parametrize("value, words", [
+    ([1, 2, 3], "one value per selected rank: 2 values, not 3"),
+    ({0: 1, 5: 2}, r"one key per selected rank, exactly \[0, 1\]"),
+    (torch.arange(2), "needs a list .* not Tensor.*list\\(t.chunk\\(n\\)\\)"),
+    (5, "not int"),
+])
+def test_scatter_refuses_what_is_not_one_value_per_rank(value, words):
+    with pytest.raises(distlab.LaunchArgumentError, match=words) as info:
+        data.split({"x": value}, [0, 1])
+    assert info.value.name == "x"
+
+
+def test_a_long_value_is_cut_in_the_message():
+    with pytest.raises(distlab.LaunchArgumentError) as info:
+        data.split({"x": list(range(1000))}, [0, 1])
+    assert "..." in str(info.value) and "999" not in str(info.value)
+
+
+def test_pack_round_trips_tensors_and_names_a_value_that_cannot_travel():
+    values = {"t": torch.arange(4.0), "lr": 0.1}
+    back = pickle.loads(data.pack(values))
+    assert torch.equal(back["t"], values["t"]) and back["lr"] == 0.1
+    with pytest.raises(distlab.CaptureError, match="the value of 'lock'.*cannot be pickled"):
+        data.pack({"ok": 1, "lock": threading.Lock()})
+
+
+def test_a_rank_answers_pull_with_one_value_or_a_tuple_and_names_what_is_missing():
+    ns = {"x": 1, "y": [2]}
+    assert proto.pulled(("x",), ns) == 1
+    assert proto.pulled(("x", "y"), ns) == (1, [2])
+    with pytest.raises(NameError, match="'z' is not defined on this rank"):
+        proto.pulled(("x", "z"), ns)
+
+
+def test_magic_push_reads_the_notebooks_variables_and_names_a_missing_one():
+    assert pushed_values(["a"], {"a": 3, "b": 4}) == {"a": 3}
+    with pytest.raises(UsageError, match="the notebook has no variable 'c'"):
+        pushed_values(["a", "c"], {"a": 3})
