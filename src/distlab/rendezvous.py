@@ -46,7 +46,10 @@ def loopback_store(port: int, world_size: int | None, timeout: timedelta, **kwar
         store = TCPStore(LOOPBACK, sock.getsockname()[1], world_size, True, timeout,
                          master_listen_fd=sock.fileno(), **kwargs)
     except BaseException:
-        sock.close()
+        try:
+            sock.close()
+        except OSError:  # the store may have closed the fd already: keep torch's own error (a timeout)
+            sock.detach()
         raise
     sock.detach()  # the store owns the listening fd now and closes it when released
     return store
