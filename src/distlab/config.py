@@ -43,11 +43,11 @@ def _check_cuda_mode(mode: str, gpus: int) -> None:
                                   f"Unset {DEVICE_VAR} to run on the CPU, or check CUDA_VISIBLE_DEVICES.")
 
 
-def check_device_mode(count_gpus=cuda_device_count) -> str:
+def check_device_mode(count_gpus=None) -> str:
     """``DISTLAB_DEVICE``, checked in the kernel before any rank starts (GPUs counted only for ``cuda``)."""
     mode = device_mode()
     if mode == "cuda":
-        _check_cuda_mode(mode, count_gpus())
+        _check_cuda_mode(mode, (count_gpus or cuda_device_count)())
     return mode
 
 
