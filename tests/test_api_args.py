@@ -162,3 +162,14 @@ def test_backend(monkeypatch, gpus, n_gpus, env, world, expected):
         monkeypatch.setenv(name, value)
     gpus(n_gpus)
     assert distlab.backend(world) == expected
+
+
+def test_cuda_mode_without_a_gpu_is_refused_before_any_process(no_launch, gpus, monkeypatch):
+    monkeypatch.setenv("DISTLAB_DEVICE", "cuda")
+    gpus(0)
+    with pytest.raises(LaunchArgumentError, match="DISTLAB_DEVICE='cuda': asks for CUDA but no CUDA device"):
+        distlab.spawn(_work(), nprocs=2)
+    assert no_launch == []
+    gpus(1)
+    distlab.spawn(_work(), nprocs=2)
+    assert len(no_launch) == 1

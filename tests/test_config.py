@@ -273,3 +273,88 @@ def test_argument_errors_word_for_word(call, message):
     with pytest.raises(LaunchArgumentError) as e:
         call()
     assert str(e.value) == "distlab: invalid argument " + message
+
+
+# --- DISTLAB_DEVICE: the book's GPU path on one GPU (pure rules, GPU counts faked) -------------------
+from distlab.config import check_device_mode, choose_device, device_mode  # noqa: E402
+
+
+@pytest.mark.parametrize("value,mode", [(None, "auto"), ("", "auto"), ("auto", "auto"), ("cpu", "cpu"),
+                                        ("cuda", "cuda"), (" CUDA ", "cuda")])
+def test_device_mode_reads_the_variable(value, mode):
+    env = {} if value is None else {"DISTLAB_DEVICE": value}
+    assert device_mode(env) == mode
+
+
+def test_unknown_device_mode_is_refused_with_the_choices():
+    with pytest.raises(LaunchArgumentError) as e:
+        device_mode({"DISTLAB_DEVICE": "gpu"})
+    assert str(e.value) == ("distlab: invalid argument DISTLAB_DEVICE='gpu': unknown device mode; choose one of "
+                            "('auto', 'cpu', 'cuda'). Unset DISTLAB_DEVICE, or set it to cpu or cuda.")
+
+
+@pytest.mark.parametrize("mode,local,world,gpus,expected", [
+    ("auto", 0, 2, 0, "cpu"), ("auto", 1, 2, 1, "cpu"), ("auto", 1, 2, 2, "cuda:1"), ("auto", 0, 1, 1, "cuda:0"),
+    ("auto", 3, 2, 2, "cpu"),                       # a local rank beyond the GPUs never gets one
+    ("cpu", 0, 1, 8, "cpu"), ("cpu", 1, 2, 2, "cpu"),
+    ("cuda", 0, 2, 1, "cuda:0"), ("cuda", 1, 2, 1, "cuda:0"), ("cuda", 3, 4, 2, "cuda:1"), ("cuda", 1, 2, 4, "cuda:1"),
+])
+def test_choose_device(mode, local, world, gpus, expected):
+    assert choose_device(local, world, gpus, mode) == expected
+
+
+@pytest.mark.parametrize("mode,world,gpus,expected", [
+    ("auto", 2, 2, "nccl"), ("auto", 2, 1, "gloo"), ("cpu", 2, 2, "gloo"), ("cpu", 1, 1, "gloo"),
+    ("cuda", 2, 1, "gloo"), ("cuda", 2, 2, "gloo"), ("cuda", 1, 1, "gloo"),
+])
+def test_auto_backend_follows_the_device_mode(mode, world, gpus, expected):
+    assert choose_backend("auto", world, gpus, mode) == expected
+
+
+def test_an_explicit_nccl_still_wins_under_cuda_mode():
+    assert choose_backend("nccl", 2, 2, "cuda") == "nccl"
+
+
+@pytest.mark.parametrize("call", [lambda: choose_device(0, 2, 0, "cuda"), lambda: choose_backend("auto", 2, 0, "cuda")])
+def test_cuda_mode_without_a_gpu_fails_loudly(call):
+    with pytest.raises(LaunchArgumentError, match=r"DISTLAB_DEVICE='cuda': asks for CUDA but no CUDA device is "
+                                                  r"visible here\. Unset DISTLAB_DEVICE to run on the CPU"):
+        call()
+
+
+def test_the_mode_is_read_from_the_environment_when_not_given(monkeypatch):
+    monkeypatch.setenv("DISTLAB_DEVICE", "cuda")
+    assert choose_device(1, 2, 1) == "cuda:0" and choose_backend("auto", 2, 1) == "gloo"
+    monkeypatch.setenv("DISTLAB_DEVICE", "cpu")
+    assert choose_device(0, 1, 1) == "cpu"
+    monkeypatch.delenv("DISTLAB_DEVICE")
+    assert choose_device(0, 1, 1) == "cuda:0" and choose_backend("auto", 1, 1) == "nccl"
+
+
+def test_check_device_mode_counts_gpus_only_for_cuda(monkeypatch):
+    counted = []
+
+    def count():
+        counted.append(1)
+        return 0
+
+    monkeypatch.setenv("DISTLAB_DEVICE", "cpu")
+    assert check_device_mode(count) == "cpu" and counted == []
+    monkeypatch.setenv("DISTLAB_DEVICE", "cuda")
+    with pytest.raises(LaunchArgumentError, match="no CUDA device is visible"):
+        check_device_mode(count)
+    assert counted == [1]
+
+
+def test_kernel_device_takes_the_world_size(monkeypatch):
+    """The kernel is no rank: on a one-GPU host distlab.device(0) alone says cuda:0, for 2 ranks it is cpu."""
+    import distlab
+    from distlab import config
+
+    monkeypatch.delenv("DISTLAB_DEVICE", raising=False)
+    for var in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 1)
+    assert str(distlab.device(0)) == "cuda:0" and str(distlab.device(0, 2)) == "cpu"
+    monkeypatch.setenv("DISTLAB_DEVICE", "cuda")
+    assert str(distlab.device(1, 2)) == "cuda:0" and distlab.backend(2) == "gloo"

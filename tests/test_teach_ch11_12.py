@@ -228,3 +228,20 @@ def test_beyond_plots():
     costs = beyond.strategy_costs(psi=1000, depth=4, d=8, batch=4, world=2)
     fig = beyond_plots.plot_map({2: costs}, {"DDP": (16_000, 4_000)})
     assert len(fig.axes[0].collections) == len(costs) + 1
+
+
+def test_map_messages_are_what_each_collective_carries():
+    """The map predicts message sizes per kind (what CollectiveBytes measures); wire bytes follow from them."""
+    two = beyond.strategy_costs(psi=1000, depth=4, d=8, batch=4, world=2)
+    assert two["DDP"].messages == {"all_reduce": 4000}
+    assert two["FSDP2"].messages == {"all_gather": 8000, "reduce_scatter": 4000}
+    assert two["TP"].messages == {"all_reduce": 7 * 4 * 4 * 8}
+    assert two["PP"].messages == {"send": 4 * 4 * 8, "recv": 4 * 4 * 8}
+    for cost in two.values():
+        assert cost.wire == pytest.approx(beyond.wire_bytes(cost.messages, 2))
+    eight = beyond.strategy_costs(psi=1000, depth=4, d=8, batch=4, world=8)
+    tp = (1000 - 4 * 8) / 2 + 4 * 8
+    assert eight["FSDP2 x TP"].messages == {"all_gather": 8 * tp, "reduce_scatter": 4 * tp, "all_reduce": 7 * 128}
+    fsdp_part = beyond.wire_bytes({"all_gather": 8 * tp, "reduce_scatter": 4 * tp}, 4)
+    assert eight["FSDP2 x TP"].wire == pytest.approx(fsdp_part + beyond.wire_bytes({"all_reduce": 7 * 128}, 2))
+    assert eight["FSDP2 x PP"].messages == {"all_gather": 4000, "reduce_scatter": 2000, "send": 128, "recv": 128}

@@ -88,6 +88,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, 
     timeout = config.check_timeout(timeout)
     view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
     config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
+    config.check_device_mode()
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
     check_torch()
     args = capture.compact(args)  # a small view of a large tensor travels as its own elements
@@ -164,18 +165,24 @@ class PendingRun:
         return self._done.wait(timeout)
 
 
-def device(rank: int | None = None):
-    """``cuda:<local rank>`` when every rank can own a GPU (the NCCL case), else ``cpu``."""
+def device(rank: int | None = None, world_size: int | None = None):
+    """``cuda:<local rank>`` when every rank can own a GPU (the NCCL case), else ``cpu``;
+    ``DISTLAB_DEVICE=cuda`` puts every rank on a GPU (all on ``cuda:0`` with one GPU, through gloo),
+    ``DISTLAB_DEVICE=cpu`` on the CPU.
+
+    In a worker the defaults come from torchrun's variables; in the kernel pass ``world_size`` (the
+    ranks you will launch): without it the kernel counts as a world of one, which a single GPU fits."""
     import torch
 
     local = int(os.environ.get("LOCAL_RANK", "0")) if rank is None else int(rank)
-    world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", local + 1)))
-    gpus = config.cuda_device_count()
-    return torch.device(f"cuda:{local}") if gpus >= max(world, local + 1) else torch.device("cpu")
+    if world_size is None:
+        world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", local + 1)))
+    return torch.device(config.choose_device(local, world_size, config.cuda_device_count()))
 
 
 def backend(world_size: int | None = None) -> str:
-    """The backend ``auto`` picks here: NCCL with one GPU per rank on this machine, else gloo.
+    """The backend ``auto`` picks here: NCCL with one GPU per rank on this machine, else gloo
+    (always gloo under ``DISTLAB_DEVICE=cpu`` or ``cuda``).
 
     Inside a multi-node run only this node's ranks (LOCAL_WORLD_SIZE) need a GPU here."""
     local = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))

@@ -23,12 +23,56 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_backend(requested: str, world_size: int, gpus: int) -> str:
-    """`auto` means NCCL when every rank can own a GPU, gloo otherwise."""
+DEVICE_MODES = ("auto", "cpu", "cuda")
+DEVICE_VAR = "DISTLAB_DEVICE"
+
+
+def device_mode(environ=None) -> str:
+    """What ``DISTLAB_DEVICE`` asks for: ``auto`` (unset: a GPU per rank, else the CPU), ``cpu``, or
+    ``cuda`` (every rank on a GPU through gloo, which takes CUDA tensors: the book's GPU path on one GPU)."""
+    value = (os.environ if environ is None else environ).get(DEVICE_VAR, "").strip().lower() or "auto"
+    if value not in DEVICE_MODES:
+        raise LaunchArgumentError(DEVICE_VAR, value, f"unknown device mode; choose one of {DEVICE_MODES}",
+                                  f"Unset {DEVICE_VAR}, or set it to cpu or cuda.")
+    return value
+
+
+def _check_cuda_mode(mode: str, gpus: int) -> None:
+    if mode == "cuda" and gpus < 1:
+        raise LaunchArgumentError(DEVICE_VAR, mode, "asks for CUDA but no CUDA device is visible here",
+                                  f"Unset {DEVICE_VAR} to run on the CPU, or check CUDA_VISIBLE_DEVICES.")
+
+
+def check_device_mode(count_gpus=None) -> str:
+    """``DISTLAB_DEVICE``, checked in the kernel before any rank starts (GPUs counted only for ``cuda``)."""
+    mode = device_mode()
+    if mode == "cuda":
+        _check_cuda_mode(mode, (count_gpus or cuda_device_count)())
+    return mode
+
+
+def choose_backend(requested: str, world_size: int, gpus: int, mode: str | None = None) -> str:
+    """`auto` means NCCL when every rank can own a GPU, gloo otherwise; ``DISTLAB_DEVICE=cpu`` or
+    ``cuda`` (``mode``, read from the environment when None) makes `auto` gloo whatever the GPUs."""
     check_backend(requested, world_size, gpus)
+    mode = device_mode() if mode is None else mode
+    _check_cuda_mode(mode, gpus)
     if requested == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
+        return "nccl" if mode == "auto" and gpus >= world_size else "gloo"
     return requested
+
+
+def choose_device(local_rank: int, world_size: int, gpus: int, mode: str | None = None) -> str:
+    """The device a rank computes on, as a string: ``cuda:<local rank>`` when every rank owns a GPU
+    (NCCL), ``cuda:<local rank mod gpus>`` under ``DISTLAB_DEVICE=cuda`` (one GPU: all on ``cuda:0``),
+    else ``cpu``. Pure: ``gpus`` is passed in, so the rule is testable on any machine."""
+    mode = device_mode() if mode is None else mode
+    _check_cuda_mode(mode, gpus)
+    if mode == "cuda":
+        return f"cuda:{local_rank % gpus}"
+    if mode == "auto" and gpus >= max(world_size, local_rank + 1):
+        return f"cuda:{local_rank}"
+    return "cpu"
 
 
 def check_backend(requested: str, world_size: int, gpus: int) -> None:

@@ -6,7 +6,7 @@ the chapter's cells.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -76,11 +76,13 @@ BYTES_PER_PARAM = 16   # fp32 Adam: 4 (weights) + 4 (gradients) + 8 (two moments
 
 @dataclass(frozen=True)
 class Cost:
-    """Per rank and training step: model-state bytes held, bytes sent (ring), and how the split is laid out."""
+    """Per rank and training step: model-state bytes held, bytes sent (ring), how the split is laid
+    out, and the messages behind ``wire``: bytes per collective kind, as ``CollectiveBytes`` counts them."""
 
     memory: float
     wire: float
     layout: str
+    messages: dict = field(default_factory=dict, compare=False)
 
 
 def _tp_params(psi: int, depth: int, d: int, q: int) -> float:
@@ -89,21 +91,32 @@ def _tp_params(psi: int, depth: int, d: int, q: int) -> float:
     return (psi - depth * d) / q + depth * d
 
 
-def _fsdp_wire(params: float, p: int) -> float:
-    """Two all-gathers (forward, backward) and one reduce-scatter of ``4 * params`` bytes over ``p`` ranks."""
-    return 3 * (p - 1) / p * 4 * params
+def _fsdp_messages(params: float) -> dict[str, float]:
+    """Two all-gathers (forward, backward) and one reduce-scatter of ``4 * params`` bytes."""
+    return {"all_gather": 2 * 4 * params, "reduce_scatter": 4 * params}
 
 
-def _tp_wire(depth: int, d: int, batch: int, q: int) -> float:
+def _tp_messages(depth: int, d: int, batch: int) -> dict[str, float]:
     """Per block one forward all-reduce of the activations and one backward (none for the first
-    block's input): ``2 * depth - 1`` all-reduces of ``4 * batch * d`` bytes over ``q`` ranks."""
-    return 2 * (q - 1) / q * (2 * depth - 1) * 4 * batch * d
+    block's input): ``2 * depth - 1`` all-reduces of ``4 * batch * d`` bytes."""
+    return {"all_reduce": (2 * depth - 1) * 4 * batch * d}
 
 
-def _pp_wire(d: int, batch: int, stages: int) -> float:
-    """A stage sends its output activations forward and its input's gradients back; the first and
-    last stage send one of the two. The busiest rank's bytes."""
-    return (1 if stages == 2 else 2) * 4 * batch * d
+def _pp_messages(d: int, batch: int, stages: int) -> dict[str, float]:
+    """A stage sends its output activations forward and its input's gradients back, and receives
+    the other two; the first and last stage do one of each. The busiest rank's messages."""
+    k = 1 if stages == 2 else 2
+    return {"send": k * 4 * batch * d, "recv": k * 4 * batch * d}
+
+
+def _cost(memory: float, layout: str, *messages_and_groups: tuple[dict[str, float], int]) -> Cost:
+    """A Cost whose wire bytes are each message's ring cost in the group that carries it."""
+    wire = sum(wire_bytes(m, group) for m, group in messages_and_groups)
+    merged: dict[str, float] = {}
+    for m, _ in messages_and_groups:
+        for kind, n in m.items():
+            merged[kind] = merged.get(kind, 0) + n
+    return Cost(memory, wire, layout, merged)
 
 
 def strategy_costs(psi: int, depth: int, d: int, batch: int, world: int) -> dict[str, Cost]:
@@ -113,20 +126,20 @@ def strategy_costs(psi: int, depth: int, d: int, batch: int, world: int) -> dict
     Combinations use a 2-D mesh of ``p x q = world`` ranks with ``q = 2``: FSDP2 over ``p``, and
     TP or PP over ``q``. A split that does not divide the model evenly is left out.
     """
-    n = world
-    out = {"DDP": Cost(BYTES_PER_PARAM * psi, 2 * (n - 1) / n * 4 * psi, f"{n} data"),
-           "FSDP2": Cost(BYTES_PER_PARAM * psi / n, _fsdp_wire(psi, n), f"{n} shard"),
-           "TP": Cost(BYTES_PER_PARAM * _tp_params(psi, depth, d, n), _tp_wire(depth, d, batch, n), f"{n} tensor")}
+    n, per = world, BYTES_PER_PARAM
+    out = {"DDP": _cost(per * psi, f"{n} data", ({"all_reduce": 4 * psi}, n)),
+           "FSDP2": _cost(per * psi / n, f"{n} shard", (_fsdp_messages(psi), n)),
+           "TP": _cost(per * _tp_params(psi, depth, d, n), f"{n} tensor", (_tp_messages(depth, d, batch), n))}
     if depth % n == 0:
-        out["PP"] = Cost(BYTES_PER_PARAM * psi / n, _pp_wire(d, batch, n), f"{n} stages")
+        out["PP"] = _cost(per * psi / n, f"{n} stages", (_pp_messages(d, batch, n), n))
     if n >= 4 and n % 2 == 0:
         p, q = n // 2, 2
         tp = _tp_params(psi, depth, d, q)
-        out["FSDP2 x TP"] = Cost(BYTES_PER_PARAM * tp / p, _fsdp_wire(tp, p) + _tp_wire(depth, d, batch, q),
-                                 f"{p} shard x {q} tensor")
+        out["FSDP2 x TP"] = _cost(per * tp / p, f"{p} shard x {q} tensor", (_fsdp_messages(tp), p),
+                                  (_tp_messages(depth, d, batch), q))
         if depth % q == 0:
-            out["FSDP2 x PP"] = Cost(BYTES_PER_PARAM * psi / q / p, _fsdp_wire(psi / q, p) + _pp_wire(d, batch, q),
-                                     f"{p} shard x {q} stages")
+            out["FSDP2 x PP"] = _cost(per * psi / q / p, f"{p} shard x {q} stages", (_fsdp_messages(psi / q), p),
+                                      (_pp_messages(d, batch, q), q))
     return out
 
 

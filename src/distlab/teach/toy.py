@@ -82,7 +82,8 @@ WHICH_BUFFERS = {
 
 
 def check_buffers_to_save(answer: str) -> None:
-    """Exercise 3: after training with ``broadcast_buffers=True``, whose BatchNorm statistics to save?"""
+    """Exercise 3: after training with ``forward_sync_buffers=True`` (formerly ``broadcast_buffers``),
+    whose BatchNorm statistics to save?"""
     key = str(answer).strip().lower()
     if key == "b":
         print("correct: the statistics that count are rank 0's (updated with rank 0's batches); the other ranks' "
