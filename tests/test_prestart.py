@@ -1,6 +1,7 @@
 """The forkserver starts in the background when a notebook imports distlab (issue #28), and warm
 ranks are forked from it."""
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,7 @@ import psutil
 import pytest
 
 import distlab
-from distlab import forkserver, prestart
+from distlab import forkserver, prestart, privtmp
 
 
 def test_the_rule_for_starting_the_server_in_the_background():
@@ -66,6 +67,10 @@ def test_warm_ranks_fork_from_the_server_or_start_fresh(start):
         assert ranks.exec("t = torch.ones(1) * (rank + 1); dist.all_reduce(t); t.item()") == {0: 3.0, 1: 3.0}
         assert ranks.exec("import os; os.getsid(0) == os.getpid()") == {0: True, 1: True}  # own session
         assert ranks.exec("torch.rand(1).item()")[0] != ranks.exec("torch.rand(1).item()")[1]  # own random state
+        folder = ranks._group.folder  # in this process's private temporary folder, every file 0600
+        assert folder.parent == privtmp.process_dir()
+        assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {
+            name: 0o600 for name in ("store", "rank0.log", "rank1.log", "rank0.stacks", "rank1.stacks")}
         ranks.restart()
         assert ranks.exec("rank") == {0: 0, 1: 1}
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
