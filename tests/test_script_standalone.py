@@ -50,3 +50,34 @@ def test_torchrun_runs_a_launch_style_script(tmp_path):
     out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", path.name],
                tmp_path)
     assert "rank 0 of 2: sum 30.0" in out and "rank 1 of 2: sum 30.0" in out
+
+
+LISTENING = (
+    "import os\nimport psutil\nimport torch\nimport torch.distributed as dist\n",
+    "def listening(rank, world):\n"
+    "    dist.init_process_group('gloo', rank=rank, world_size=world)\n"
+    "    dist.barrier()\n"
+    "    mine = [c.laddr.ip for c in psutil.Process().net_connections('inet') if c.status == 'LISTEN']\n"
+    "    parent = [c.laddr.ip for c in psutil.Process(os.getppid()).net_connections('inet') if c.status == 'LISTEN']\n"
+    "    dist.barrier()\n    dist.destroy_process_group()\n"
+    "    print(f'rank {rank}: mine {sorted(set(mine))} parent {parent}', flush=True)\n",
+)
+
+
+def test_a_script_run_by_hand_keeps_its_rendezvous_and_temp_files_private(tmp_path):
+    """``python script.py``: the ranks meet in a private FileStore (the main process listens on no
+    port, the ranks only on loopback for gloo), and mp.spawn's error files are not in $TMPDIR."""
+    fn = run_cells(*LISTENING)["listening"]
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    path = write_script(tmp_path, capture(fn, (2,)), (2,), 2, "spawn", "gloo")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "TMPDIR": str(shared)}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAB_RUN_DIR", "DISTLAB_RUNS",
+                 "XDG_RUNTIME_DIR"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, path.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: mine ['127.0.0.1'] parent []" in done.stdout, done.stdout
+    assert sorted(p.name for p in shared.iterdir()) == [f"distlab-{os.getuid()}"]  # no pickle, no pymp-*

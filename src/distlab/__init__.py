@@ -22,6 +22,10 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+from . import prestart as _prestart  # noqa: E402
+
+_prestart.maybe_start()  # in a notebook: the forkserver starts now, in the background (DISTLAB_PRESTART=0: not)
+
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext distlab``: adds the ``%%ranks`` cell magic (see :mod:`distlab.magic`)."""

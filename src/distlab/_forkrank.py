@@ -96,3 +96,13 @@ def _set_thread_count(env: dict) -> None:
     wanted = env.get("OMP_NUM_THREADS") or ("1" if int(env.get("LOCAL_WORLD_SIZE", "1")) > 1 else "")
     if wanted.isdigit() and int(wanted) > 0:
         torch.set_num_threads(int(wanted))
+
+
+def _write_both_to(path: str) -> None:
+    """fds 1 and 2 both to ``path`` (one open file: their lines interleave in order), unbuffered."""
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for fd in (1, 2):
+        os.dup2(target, fd)
+    os.close(target)
+    sys.stdout = _unbuffered(1, sys.stdout, "strict")
+    sys.stderr = _unbuffered(2, sys.stderr, "backslashreplace")

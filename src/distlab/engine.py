@@ -351,7 +351,8 @@ class quiet_torchelastic:
     back by the last one that leaves, whatever the order.
     """
 
-    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null")
+    names = ("torch.distributed.elastic", "torch.distributed.launcher", "torchelastic-events-null",
+             "torch.multiprocessing")  # "Terminating process N via signal SIGTERM" after a failure distlab reports
     _lock = threading.Lock()
     _depth = 0
     _saved: dict = {}

@@ -26,19 +26,29 @@ FALLBACK = ("distlab: could not start the forkserver ({error}); starting fresh i
             '(slower). Pass start="spawn" to choose that and silence this warning.')
 
 
+def server_or_warning() -> int | None:
+    """The running server's pid (started if needed), or None after a warning: a refusal
+    (:class:`~distlab.forkserver.ForkserverRefused`) is said once per process, a failure to start
+    every time it happens."""
+    from . import forkserver
+
+    try:
+        return forkserver.ensure_server()
+    except forkserver.ForkserverRefused as e:
+        if not _REFUSAL_SAID:  # the reason cannot change while this process lives: say it once
+            _REFUSAL_SAID.append(str(e))
+            warnings.warn(FORKSERVER_REFUSED.format(why=e, hint=REFUSAL_HINT), RuntimeWarning, stacklevel=3)
+    except Exception as e:
+        warnings.warn(FALLBACK.format(error=e), RuntimeWarning, stacklevel=3)
+    return None
+
+
 def run(config, plan, run_json: Path) -> bool:
     """Run the plan's ranks forked from the server; False (after a warning) if it cannot start."""
     from . import forkserver
 
-    try:
-        server_pid = forkserver.ensure_server()
-    except forkserver.ForkserverRefused as e:
-        if not _REFUSAL_SAID:  # the reason cannot change while this process lives: say it once
-            _REFUSAL_SAID.append(str(e))
-            warnings.warn(FORKSERVER_REFUSED.format(why=e, hint=REFUSAL_HINT), RuntimeWarning, stacklevel=2)
-        return False
-    except Exception as e:
-        warnings.warn(FALLBACK.format(error=e), RuntimeWarning, stacklevel=2)
+    server_pid = server_or_warning()
+    if server_pid is None:
         return False
     forkserver.register()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

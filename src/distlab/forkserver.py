@@ -123,6 +123,12 @@ class _Context(mp_context.ForkServerContext):
     Process = RankProcess
 
 
+def get_context() -> _Context:
+    """distlab's start method as a ``multiprocessing`` context (``Process`` forks from the server)."""
+    register()
+    return mp_context._concrete_contexts[START_METHOD]
+
+
 def register() -> None:
     """Let torchelastic (``multiprocessing.get_context(START_METHOD)``) find distlab's context."""
     mp_context._concrete_contexts.setdefault(START_METHOD, _Context())

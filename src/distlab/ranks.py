@@ -18,7 +18,7 @@ import time
 import weakref
 from itertools import count
 
-from . import capture, config
+from . import capture, config, launchmode
 from . import rank_data as data
 from . import rank_errors as err
 from . import rank_proto as proto
@@ -63,10 +63,11 @@ class Ranks:
     ``late_output`` instead of appearing in a later cell.
     """
 
-    def __init__(self, nprocs: int, backend: str = "auto", timeout: float | None = None):
+    def __init__(self, nprocs: int, backend: str = "auto", timeout: float | None = None, start: str = "auto"):
         self.nprocs = config.check_positive_int("nprocs", nprocs)
         config.check_backend(backend, self.nprocs, config.cuda_device_count() if backend == "nccl" else 0)
         self.backend = backend
+        self.start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
         self.timeout = config.check_timeout(timeout)
         self.late_output: dict[int, str] = {}
         self._exec_names: dict[str, str] = {}  # one file name per distinct source: compiled once, cached
@@ -82,12 +83,22 @@ class Ranks:
 
     def _start(self) -> None:
         began = time.perf_counter()
-        group = start_group(self.nprocs, self.backend)
+        group = self._start_group()
         self._group, self._stopped_why = group, ""
         self._finalizer = weakref.finalize(self, group.stop)
         self.start_s = time.perf_counter() - began
         _forget(self)
         _current.append(weakref.ref(self))
+
+    def _start_group(self) -> RankGroup:
+        """Forked from distlab's forkserver where it works; fresh interpreters after a warning
+        (once per reason) where it cannot start, as ``spawn`` does."""
+        if self.start == "forkserver":
+            from . import forklaunch
+
+            if forklaunch.server_or_warning():
+                return start_group(self.nprocs, self.backend, "forkserver")
+        return start_group(self.nprocs, self.backend, "spawn")
 
     def _drop_group(self, why: str, graceful: bool) -> None:
         if self._group is not None:
