@@ -187,17 +187,19 @@ def test_values_that_cannot_travel_come_back_as_their_repr(ranks):
     assert repr(ranks.exec("(lambda: 1)", ranks=[0])[0]).startswith("<function <lambda> at")
 
 
-def test_sockets_stay_on_loopback_and_ranks_are_fresh_interpreters(ranks):
-    listening, addresses = [], set()
+def test_sockets_stay_on_loopback_and_ranks_are_never_forks_of_this_process(ranks):
+    from distlab import forkserver
+
+    addresses = set()
     for pid in ranks.pids:
         proc = psutil.Process(pid)
-        assert proc.cmdline()[1] == "-c" and proc.ppid() == os.getpid()  # spawned, not a fork of this process
+        if ranks.start == "forkserver":  # forked from the server, never from the kernel
+            assert proc.ppid() == forkserver.server_pid() != os.getpid()
+        else:  # DISTLAB_START=spawn: fresh interpreters
+            assert proc.cmdline()[1] == "-c" and proc.ppid() == os.getpid()
         for c in proc.net_connections(kind="inet"):
             addresses.add(c.laddr.ip.removeprefix("::ffff:"))  # gloo's IPv4-mapped IPv6 loopback
-            if c.status == psutil.CONN_LISTEN:
-                listening.append(c.laddr)
-    assert listening, "rank 0 hosts the store: something must listen"
-    assert addresses == {"127.0.0.1"}, addresses
+    assert addresses == {"127.0.0.1"}, addresses  # the group's store is a private file: gloo's sockets only
 
 
 def test_calls_from_two_threads_do_not_overlap(ranks):
@@ -292,13 +294,13 @@ def test_close_and_the_end_of_a_with_block_leave_no_rank():
 def test_a_rank_that_cannot_start_is_named_with_its_output_and_nothing_is_left(monkeypatch):
     started, real = [], rank_group.start_rank_process
 
-    def second_rank_fails(cfg, fds, log):
+    def second_rank_fails(cfg, conn, log, start):
         if cfg["rank"] != 1:
-            proc = real(cfg, fds, log)
+            proc = real(cfg, conn, log, start)
         else:
             with open(log, "wb") as out:
                 proc = subprocess.Popen([sys.executable, "-c", "print('no torch here'); raise SystemExit(3)"],
-                                        stdout=out, stderr=subprocess.STDOUT, pass_fds=fds)
+                                        stdout=out, stderr=subprocess.STDOUT, pass_fds=[conn.fileno()])
         started.append(proc.pid)
         return proc
 
