@@ -1,0 +1,343 @@
+"""A one-machine Slurm cluster for learning and for tests: munged, slurmctld and slurmd on this host.
+
+Everything lives in one private folder (made by :func:`distlab.runfolder.private_root`'s rules:
+0700, yours): its own ``slurm.conf`` (every Slurm command finds it through ``SLURM_CONF``), its
+own munge key and socket, state, spool, logs and pid files. Nothing in ``/etc`` is read or changed,
+and a cluster another program runs on this host is never touched: :meth:`LocalCluster.stop` stops
+only the three daemons this object started (checked by pid *and* start time), after cancelling the
+jobs they still hold. It runs on ``close()``, at interpreter exit, and from a small watchdog
+process when the kernel that started the cluster dies (``kill -9`` included).
+
+Why root: ``slurmd`` starts every job step as the job's user (setuid, setgroups), which only root
+may do, and Debian's Slurm expects to run its daemons as root (CI runs as root). As another user,
+use a real cluster's login node, or a container where you are root.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..runfolder import PRIVATE_DIR, private_root, write_private
+from .errors import ClusterError
+
+#: program -> the Debian package that has it
+PROGRAMS = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
+            "sbatch": "slurm-client", "squeue": "slurm-client", "scontrol": "slurm-client",
+            "scancel": "slurm-client", "sinfo": "slurm-client", "srun": "slurm-client"}
+PARTITION = "debug"
+START_TIMEOUT_S = 30.0
+
+CONF = """# slurm.conf written by distlab.slurm.local_cluster(): one node, this host.
+ClusterName=distlab
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser={user}
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire: a requeued job waits this long (default 120 s) before it may start again
+AuthInfo=socket={socket},cred_expire=2
+# no cgroups: plain Linux process tracking, no CPU binding (works in containers)
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+# a small cluster: schedule every second (defaults: 60 s / 30 s), KillWait 5 s (default 30 s)
+SchedulerParameters=sched_interval=1,bf_interval=1
+KillWait=5
+MinJobAge=600
+SlurmctldPidFile={folder}/run/slurmctld.pid
+SlurmdPidFile={folder}/run/slurmd.pid
+SlurmdSpoolDir={folder}/spool
+StateSaveLocation={folder}/state
+SlurmctldLogFile={folder}/log/slurmctld.log
+SlurmdLogFile={folder}/log/slurmd.log
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
+PartitionName={partition} Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def missing_programs(which=shutil.which) -> dict[str, str]:
+    """program -> package, for every program the cluster needs that is not on PATH (or in /usr/sbin)."""
+    path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin" + os.pathsep + "/sbin"
+    return {p: pkg for p, pkg in PROGRAMS.items() if which(p, path=path) is None}
+
+
+def install_hint(missing: dict[str, str]) -> str:
+    packages = sorted({"slurm-wlm" if pkg.startswith("slurm") else pkg for pkg in missing.values()})
+    return (f"Install them: apt-get install {' '.join(packages)} (Debian/Ubuntu; slurm-wlm brings slurmctld, "
+            "slurmd and slurm-client), or use a real cluster.")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_resources() -> tuple[int, int]:
+    """(CPUs, MB of memory to declare): all cores, 90% of the memory (slurmd drains a node that
+    declares more than it has)."""
+    import psutil
+
+    return os.cpu_count() or 1, int(psutil.virtual_memory().total / 2**20 * 0.9)
+
+
+def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user: str,
+                cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION) -> str:
+    """The cluster's slurm.conf (pure: tests read it)."""
+    return CONF.format(folder=folder, host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, user=user,
+                       socket=socket_path, cpus=cpus, memory_mb=memory_mb, partition=partition)
+
+
+SOCKET_MAX = 100  # a Unix socket's path has at most 107 bytes
+
+
+def socket_folder(folder: Path) -> Path:
+    """Where munged's socket goes: inside the cluster's folder, or, when that path would be too long
+    for a Unix socket, a fresh ``distlab-munge-*`` folder in the temporary directory (removed on stop)."""
+    inside = folder / "munge-socket"
+    if len(str(inside / "munge.sock")) <= SOCKET_MAX:
+        os.mkdir(inside, 0o711)
+        return inside
+    made = Path(tempfile.mkdtemp(prefix="distlab-munge-"))
+    write_private(folder / "munge-socket-folder", str(made))
+    return made
+
+
+@dataclass
+class Daemon:
+    """One process this cluster started: known by pid *and* start time, so a recycled pid is never hit."""
+
+    name: str
+    pid: int
+    started: float
+
+    def alive(self) -> bool:
+        import psutil
+
+        try:
+            p = psutil.Process(self.pid)
+            return abs(p.create_time() - self.started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+@dataclass
+class LocalCluster:
+    """The running cluster: ``conf`` (its slurm.conf), ``folder``, ``partition``, ``env`` for Slurm commands."""
+
+    folder: Path
+    partition: str = PARTITION
+    daemons: list[Daemon] = field(default_factory=list)
+    watchdog: subprocess.Popen | None = None
+    _old_conf: str | None = None
+
+    @property
+    def conf(self) -> Path:
+        return self.folder / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def running(self) -> bool:
+        return any(d.alive() for d in self.daemons)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running() else "stopped"
+        return f"LocalCluster({state}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
+
+    def stop(self) -> None:
+        """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
+        stop_folder(self.folder)
+        if self.watchdog is not None and self.watchdog.poll() is None:
+            self.watchdog.terminate()
+            self.watchdog.wait(5)
+        if os.environ.get("SLURM_CONF") == str(self.conf):
+            if self._old_conf is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = self._old_conf
+        global _CURRENT
+        if _CURRENT is self:
+            _CURRENT = None
+
+    close = stop
+
+
+_CURRENT: LocalCluster | None = None
+
+
+def local_cluster(root: Path | None = None) -> LocalCluster:
+    """Start (or return this process's running) one-machine cluster and point SLURM_CONF at it.
+
+    Raises :class:`~distlab.slurm.errors.ClusterError` naming the packages to install, or why root
+    is needed. Stopped by ``close()``, at exit, or by its watchdog when this process dies.
+    """
+    global _CURRENT
+    if _CURRENT is not None and _CURRENT.running():
+        return _CURRENT
+    check_can_start()
+    folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
+    cluster = LocalCluster(folder=folder, _old_conf=os.environ.get("SLURM_CONF"))
+    try:
+        _start(cluster)
+    except BaseException:
+        stop_folder(folder)
+        raise
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    atexit.register(cluster.stop)
+    _CURRENT = cluster
+    return cluster
+
+
+def check_can_start() -> None:
+    missing = missing_programs()
+    if missing:
+        raise ClusterError(f"these programs are missing: {', '.join(sorted(missing))}", install_hint(missing))
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "it needs root (slurmd starts every job step as the job's user, which only root may do)",
+            "Run as root (as CI does, or in a container), or use a real cluster's login node.")
+
+
+def _start(cluster: LocalCluster) -> None:
+    folder = cluster.folder
+    for sub in ("run", "spool", "state", "log", "munge"):
+        os.mkdir(folder / sub, PRIVATE_DIR)
+    sock = socket_folder(folder) / "munge.sock"
+    os.chmod(sock.parent, 0o711)  # munged wants its socket's folder open for traversal (nothing to list)
+    cpus, memory = node_resources()
+    import pwd
+
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    write_private(cluster.conf, config_text(folder, socket.gethostname().split(".")[0], free_port(), free_port(),
+                                            user, cpus, memory, sock))
+    _run(["mungekey", "--create", "--keyfile", str(folder / "munge" / "munge.key")], folder)
+    cluster.daemons.append(_daemon(cluster, "munged", [
+        "munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={folder}/munge/munge.key",
+        f"--log-file={folder}/log/munged.log", f"--pid-file={folder}/run/munged.pid",
+        f"--seed-file={folder}/munge/seed"]))
+    _wait(lambda: sock.exists(), "munged did not create its socket", folder / "log" / "munged.stdout")
+    cluster.daemons.append(_daemon(cluster, "slurmctld", ["slurmctld", "-D", "-i"]))
+    _wait(lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer",
+          folder / "log" / "slurmctld.log")
+    cluster.daemons.append(_daemon(cluster, "slurmd", ["slurmd", "-D"]))
+    _wait(lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"), "slurmd's node did not become idle",
+          folder / "log" / "slurmd.log")
+    with open(folder / "log" / "watchdog.log", "ab") as log:
+        cluster.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "distlab.slurm.watchdog", str(os.getpid()), repr(_own_start_time()), str(folder)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+def _own_start_time() -> float:
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def _daemon(cluster: LocalCluster, name: str, argv: list[str]) -> Daemon:
+    import psutil
+
+    log = open(cluster.folder / "log" / f"{name}.stdout", "ab")
+    with log:
+        p = subprocess.Popen(argv, env=cluster.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True, cwd=cluster.folder)
+    d = Daemon(name, p.pid, psutil.Process(p.pid).create_time())
+    _save(cluster.folder, cluster.daemons + [d])
+    return d
+
+
+def _save(folder: Path, daemons: list[Daemon]) -> None:
+    write_private(folder / "daemons.json", json.dumps([d.__dict__ for d in daemons]))
+
+
+def _run(argv: list[str], folder: Path) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=folder)
+    if done.returncode:
+        raise ClusterError(f"`{' '.join(argv)}` failed: {done.stderr.strip()}", "See the message above.")
+
+
+def _ok(argv: list[str], env: dict, needle: bytes) -> bool:
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0 and needle in done.stdout
+
+
+def _wait(ready, problem: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready():
+        if time.monotonic() > deadline:
+            tail = log.read_text(errors="replace").splitlines()[-8:] if log.exists() else []
+            raise ClusterError(f"{problem} within {START_TIMEOUT_S:.0f} s", "Its log ends:\n" + "\n".join(tail))
+        time.sleep(0.05)
+
+
+def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
+    """Cancel the cluster's jobs, then stop the daemons listed in its ``daemons.json`` (newest first)."""
+    import psutil
+
+    path = Path(folder) / "daemons.json"
+    if not path.exists():
+        return
+    daemons = [Daemon(**d) for d in json.loads(path.read_text())]
+    env = {**os.environ, "SLURM_CONF": str(Path(folder) / "slurm.conf")}
+    if any(d.name == "slurmctld" and d.alive() for d in daemons):
+        _cancel_all(env, grace_s)
+    for d in reversed(daemons):
+        if not d.alive():
+            continue
+        p = psutil.Process(d.pid)
+        p.terminate()
+        try:
+            p.wait(grace_s)
+        except psutil.TimeoutExpired:
+            p.kill()
+            p.wait(grace_s)
+    _save(Path(folder), [])
+    elsewhere = Path(folder) / "munge-socket-folder"
+    if elsewhere.exists():
+        made = Path(elsewhere.read_text())
+        if made.name.startswith("distlab-munge-"):
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def _cancel_all(env: dict, grace_s: float) -> None:
+    """scancel every job of this cluster and wait (up to ``grace_s``) until none is left running."""
+    try:
+        jobs = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True, timeout=5)
+        ids = jobs.stdout.split()
+        if ids:
+            subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=5)
+        deadline = time.monotonic() + grace_s
+        while ids and time.monotonic() < deadline:
+            left = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True, timeout=5)
+            if not left.stdout.split():
+                break
+            time.sleep(0.1)
+    except (subprocess.TimeoutExpired, OSError):
+        pass
