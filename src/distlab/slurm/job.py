@@ -209,9 +209,16 @@ def _nonempty(path: Path) -> bool:
     return path.exists() and path.stat().st_size > 0
 
 
+#: why a job ended without completing, when no rank's own error explains it
+ENDED_BECAUSE = {"TIMEOUT": " (its time limit, --time)", "CANCELLED": " (scancel, by you or an administrator)",
+                 "NODE_FAIL": " (a node failed)", "PREEMPTED": " (preempted by a job of higher priority)",
+                 "OUT_OF_MEMORY": " (a task ran out of memory)"}
+
+
 def failure(result: SlurmResult, batch_log: Path) -> SlurmJobFailedError:
-    """The error for a job that did not complete: the first failing rank's, or the batch script's."""
-    failed = {r: c for r, c in result.exit_codes.items() if c not in (None, 0)}
+    """The error for a job that did not complete: the first rank that failed by itself (a positive
+    exit code; ranks that Slurm killed afterwards exit by a signal), else why Slurm ended the job."""
+    failed = {r: c for r, c in result.exit_codes.items() if c is not None and c > 0}
     if failed:
         first = min(failed, key=lambda r: _exit_time(result.run_dir, r))
         last_lines = "\n".join(result.logs.get(first, "").rstrip().splitlines()[-15:])
@@ -220,10 +227,10 @@ def failure(result: SlurmResult, batch_log: Path) -> SlurmJobFailedError:
             rank_exit=failed[first], last_lines=last_lines or "(nothing)", run_dir=result.run_dir),
             result=result, rank=first)
     tail = batch_log.read_text(errors="replace").rstrip().splitlines()[-10:] if batch_log.exists() else []
-    reason = " (the time limit: --time)" if result.state == "TIMEOUT" else ""
     return SlurmJobFailedError(JOB_ENDED.format(
-        job_id=result.job_id, state=result.state, exit_code=result.exit_code or "?", reason=reason,
-        batch_tail="\n".join(tail) or "(nothing)", run_dir=result.run_dir), result=result)
+        job_id=result.job_id, state=result.state, exit_code=result.exit_code or "?",
+        reason=ENDED_BECAUSE.get(result.state, ""), batch_tail="\n".join(tail) or "(nothing)",
+        run_dir=result.run_dir), result=result)
 
 
 def _exit_time(run_dir: Path, rank: int) -> float:

@@ -176,7 +176,8 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
     ]
     command = " ".join(q(str(a)) for a in (spec.target, *spec.target_args))
     if spec.mode == "torchrun":
-        lines += ["srun torchrun \\",
+        lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
+                  "srun torchrun \\",
                   "    --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "
                   f"--nproc-per-node {spec.ranks_per_node} \\",
                   "    --rdzv-backend c10d --rdzv-endpoint \"$head_node:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",
