@@ -14,6 +14,9 @@ from book_copy import ROOT, toc_files
 from nbrun import CHAPTER_BUDGET_S
 
 CHAPTERS = toc_files()
+#: chapters allowed more than CHAPTER_BUDGET_S: chapter 13 submits ten real Slurm jobs, a requeue among them
+#: (issue #26 sets its budget to 180 s)
+BUDGETS_S = {"book/13_slurm_cluster": 180}
 TRACEBACK = "Traceback (most recent call last)"
 EXPECTED_TRACEBACK_TAGS = {"raises-exception", "prints-traceback"}
 
@@ -32,7 +35,7 @@ def test_chapter_executes(executed_book, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_within_budget(executed_book, name):
-    budget = float(os.environ.get("DISTLAB_CHAPTER_BUDGET_S", CHAPTER_BUDGET_S))
+    budget = float(os.environ.get("DISTLAB_CHAPTER_BUDGET_S", BUDGETS_S.get(name, CHAPTER_BUDGET_S)))
     ex = executed_book["executions"][name]
     assert ex.seconds <= budget, f"{name} took {ex.seconds:.0f}s > {budget:.0f}s (DISTLAB_CHAPTER_BUDGET_S)"
 

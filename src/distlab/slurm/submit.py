@@ -38,7 +38,7 @@ def submit(target, args=(), *, nodes: int = 1, ranks_per_node: int = 1, mode: st
     distlab's private default); on a real cluster it must be on a file system the nodes share.
     """
     __tracebackhide__ = True
-    job_spec, prepare = _check(target, args, nodes, ranks_per_node, mode, gpus_per_node, cpus_per_task,
+    job_spec, prepare = check_job(target, args, nodes, ranks_per_node, mode, gpus_per_node, cpus_per_task,
                                time_limit, partition, requeue, signal, extra, name, style, backend, workdir)
     timeout = config.check_timeout(timeout)
     folder = RunFolder.create(f"slurm-{job_spec.name}", root)
@@ -49,7 +49,7 @@ def submit(target, args=(), *, nodes: int = 1, ranks_per_node: int = 1, mode: st
     return job.join(timeout=timeout, view=view) if join else job
 
 
-def _check(target, args, nodes, ranks_per_node, mode, gpus, cpus, time_limit, partition, requeue, signal,
+def check_job(target, args, nodes, ranks_per_node, mode, gpus, cpus, time_limit, partition, requeue, signal,
            extra, name, style, backend, workdir):
     """Every check that can fail, before a file is written: (JobSpec, prepare(folder) -> target path)."""
     job = spec.JobSpec(
@@ -103,14 +103,19 @@ def _file(path, args):
     return (lambda folder: path.resolve()), tuple(str(a) for a in config.check_script_args(args))
 
 
-def _sbatch(folder: RunFolder, job: spec.JobSpec, returns: bool) -> SlurmJob:
-    """Write run.json and job.sbatch, submit, remember the job id."""
+def write_files(folder: RunFolder, job: spec.JobSpec) -> Path:
+    """Write run.json (what each rank's runtime reads) and job.sbatch; returns the sbatch script's path."""
     write_private(folder.run_json, json.dumps({
         "run_dir": str(folder.path), "parent_pid": 0, "single_node": False,
         "sys_path": [p for p in sys.path if p], "plain_python": False}))
     script = folder.path / SBATCH
-    log = batch_log(folder.path, "%j")
-    write_private(script, spec.render(job, script, log))
+    write_private(script, spec.render(job, script, batch_log(folder.path, "%j")))
+    return script
+
+
+def _sbatch(folder: RunFolder, job: spec.JobSpec, returns: bool) -> SlurmJob:
+    """Write the files, submit, remember the job id."""
+    script = write_files(folder, job)
     submitted = time.time()
     job_id = commands.sbatch(script)
     meta = {"job_id": job_id, "world_size": job.world_size, "target": str(job.target), "sbatch": str(script),
