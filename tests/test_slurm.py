@@ -31,7 +31,7 @@ def cluster(tmp_path_factory):
     os.chmod(root, 0o700)
     old = os.environ.get("DISTLAB_RUNS")
     os.environ["DISTLAB_RUNS"] = str(root)
-    c = slurm.local_cluster()
+    c = slurm.local_cluster(use_existing=False)  # ours: the tests drain nodes and count daemons
     yield c
     daemons = list(c.daemons)
     c.stop()
@@ -181,7 +181,7 @@ def test_no_controller_and_no_slurm_are_clear(cluster, monkeypatch, tmp_path):
 def test_killed_owner_leaves_no_daemon(tmp_path):
     """A process that started a cluster is killed (-9): its watchdog stops every daemon."""
     root = tmp_path / "runs"
-    code = ("import os, sys; from distlab import slurm; c = slurm.local_cluster(); "
+    code = ("import os, sys; from distlab import slurm; c = slurm.local_cluster(use_existing=False); "
             "print(c.folder, flush=True); sys.stdin.read()")
     owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "DISTLAB_RUNS": str(root)})

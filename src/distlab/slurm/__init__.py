@@ -10,7 +10,7 @@
 * :func:`attach` finds a job again by id, from another kernel.
 * :func:`local_cluster` starts munged + slurmctld + slurmd in a private folder (root only).
 """
-from .cluster import LocalCluster, local_cluster
+from .cluster import ExistingCluster, LocalCluster, local_cluster
 from .commands import JobState
 from .errors import (
     ClusterError,
@@ -25,6 +25,6 @@ from .errors import (
 from .job import SlurmJob, SlurmResult, attach
 from .submit import submit
 
-__all__ = ["submit", "attach", "local_cluster", "LocalCluster", "SlurmJob", "SlurmResult", "JobState",
-           "SlurmError", "SlurmNotFoundError", "SlurmArgumentError", "SubmitError", "SlurmJobFailedError",
+__all__ = ["submit", "attach", "local_cluster", "LocalCluster", "ExistingCluster", "SlurmJob", "SlurmResult",
+           "JobState", "SlurmError", "SlurmNotFoundError", "SlurmArgumentError", "SubmitError", "SlurmJobFailedError",
            "SlurmTimeoutError", "SlurmInterrupted", "ClusterError"]

@@ -186,18 +186,51 @@ class LocalCluster:
     close = stop
 
 
+class ExistingCluster:
+    """A controller that already answered (a real cluster, or one another program runs): not ours to stop."""
+
+    def __init__(self, conf: str | None):
+        self.conf, self.folder, self.daemons = conf, None, []
+
+    def __repr__(self) -> str:
+        return f"ExistingCluster(SLURM_CONF={self.conf!r}: a controller answered; distlab started nothing)"
+
+    def running(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        """Nothing to stop: distlab did not start this cluster."""
+
+    close = stop
+
+
 _CURRENT: LocalCluster | None = None
 
 
-def local_cluster(root: Path | None = None) -> LocalCluster:
-    """Start (or return this process's running) one-machine cluster and point SLURM_CONF at it.
+def controller_answers(timeout: float = 10) -> bool:
+    """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP."""
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
+
+
+def local_cluster(root: Path | None = None, use_existing: bool = True) -> LocalCluster | ExistingCluster:
+    """A Slurm cluster to submit to: the one that already answers (``use_existing``), this process's
+    running one-machine cluster, or a new one (SLURM_CONF then points at it).
 
     Raises :class:`~distlab.slurm.errors.ClusterError` naming the packages to install, or why root
-    is needed. Stopped by ``close()``, at exit, or by its watchdog when this process dies.
+    is needed. A cluster started here stops on ``close()``, at exit, or by its watchdog when this
+    process dies.
     """
     global _CURRENT
     if _CURRENT is not None and _CURRENT.running():
         return _CURRENT
+    if use_existing and controller_answers():
+        return ExistingCluster(os.environ.get("SLURM_CONF"))
     check_can_start()
     folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
     cluster = LocalCluster(folder=folder, _old_conf=os.environ.get("SLURM_CONF"))
