@@ -142,21 +142,10 @@ def _directives(spec: JobSpec, log: Path) -> list[tuple[str, str]]:
     return rows
 
 
-def render(spec: JobSpec, script_path: Path, log: Path) -> str:
-    """The sbatch script: readable, and runnable by hand with ``sbatch <script_path>``."""
+def _environment(spec: JobSpec) -> list[str]:
+    """The lines between the #SBATCH options and srun: privacy, paths, the rendezvous address."""
     q = shlex.quote
-    lines = ["#!/bin/bash",
-             f"# Written by distlab.slurm: {spec.target.name} on {spec.nodes} node(s) x {spec.ranks_per_node} "
-             f"rank(s), {spec.mode} mode.",
-             f"# Submit it yourself with: sbatch {q(str(script_path))}"]
-    width = 40  # comments start here; a longer line (a path) puts its comment on the line above
-    for option, comment in _directives(spec, log):
-        text = f"#SBATCH {option}"
-        if comment and len(text) >= width:
-            lines += [f"# {comment}:", text]
-        else:
-            lines.append(f"{text.ljust(width)}# {comment}" if comment else text)
-    lines += [
+    return [
         "",
         "umask 077                                 # every file the job writes: readable by you only",
         "# the notebook's python and torchrun, and the distlab it imports",
@@ -174,6 +163,23 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
         "echo \"distlab: job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST\"",
         "",
     ]
+
+
+def render(spec: JobSpec, script_path: Path, log: Path) -> str:
+    """The sbatch script: readable, and runnable by hand with ``sbatch <script_path>``."""
+    q = shlex.quote
+    lines = ["#!/bin/bash",
+             f"# Written by distlab.slurm: {spec.target.name} on {spec.nodes} node(s) x {spec.ranks_per_node} "
+             f"rank(s), {spec.mode} mode.",
+             f"# Submit it yourself with: sbatch {q(str(script_path))}"]
+    width = 40  # comments start here; a longer line (a path) puts its comment on the line above
+    for option, comment in _directives(spec, log):
+        text = f"#SBATCH {option}"
+        if comment and len(text) >= width:
+            lines += [f"# {comment}:", text]
+        else:
+            lines.append(f"{text.ljust(width)}# {comment}" if comment else text)
+    lines += _environment(spec)
     command = " ".join(q(str(a)) for a in (spec.target, *spec.target_args))
     if spec.mode == "torchrun":
         lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
