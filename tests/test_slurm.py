@@ -133,7 +133,7 @@ def test_interrupt_cancels_the_job(cluster):
     assert str(job.id) not in left and job.state.state == "CANCELLED"
 
 
-def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path):
+def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path, capsys):
     script = tmp_path / "resumable.py"
     script.write_text(slurm_jobs.RESUMABLE)
     ckpt, steps = tmp_path / "ckpt.json", 30
@@ -145,6 +145,8 @@ def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path):
     subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # no 2 s wait
     res = job.join(view=None)
     assert res.attempts == 2 and res.state == "COMPLETED"
+    assert f"[slurm] job {job.id} requeued, PENDING" in capsys.readouterr().out
+    assert [s for _, s in res.history].count("REQUEUED") == 1 and res.history[-1][1] == "COMPLETED"
     saved = json.loads(ckpt.read_text())
     rows = res.metrics[0]
     first = [r["step"] for r in rows if r["attempt"] == 0]

@@ -170,9 +170,12 @@ class SlurmJob:
         if state == JobState("UNKNOWN") and self._last is not None:
             state = JobState("GONE")  # the controller forgot it (MinJobAge): it ended
         if state != self._last:
+            requeued = state.state == "PENDING" and self._last is not None and \
+                self._last.state in ("RUNNING", "COMPLETING")
             self._last = state
-            self.history.append((round(time.time() - self.meta["submitted"], 3), state.state))
-            print(f"[slurm] job {self.id} {state.describe()}", flush=True)
+            self.history.append((round(time.time() - self.meta["submitted"], 3),
+                                 "REQUEUED" if requeued else state.state))
+            print(f"[slurm] job {self.id} {'requeued, ' if requeued else ''}{state.describe()}", flush=True)
         if state.state == "GONE":  # no Slurm record left: judge by the ranks' exit codes
             codes = list(self.exit_codes().values())
             return JobState("COMPLETED" if codes and all(c == 0 for c in codes) else "FAILED")
