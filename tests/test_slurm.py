@@ -140,9 +140,11 @@ def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path, capsys):
     job = slurm.submit(script, [str(steps), str(ckpt)], mode="tasks", requeue=True, join=False)
     job.watch(until=lambda: (job.latest("step") or 0) >= 8, view=None)
     subprocess.run(["scontrol", "requeue", str(job.id)], check=True)  # what preemption does: SIGTERM, requeue
-    while job.state.state != "PENDING":
+    deadline = time.monotonic() + 30
+    while job.state.reason != "BeginTime":  # requeue complete: the job waits for its new start time
+        assert time.monotonic() < deadline, f"not requeued: {job.state}"
         time.sleep(0.1)
-    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # no 2 s wait
+    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # no ~10 s wait
     res = job.join(view=None)
     assert res.attempts == 2 and res.state == "COMPLETED"
     assert f"[slurm] job {job.id} requeued, PENDING" in capsys.readouterr().out
@@ -207,3 +209,16 @@ def _last_job_id() -> int:
 def _port(cluster) -> str:
     return next(line.split("=")[1] for line in cluster.conf.read_text().splitlines()
                 if line.startswith("SlurmctldPort="))
+
+
+def test_other_users_cannot_use_the_cluster(cluster):
+    """Another uid can get no munge credential from this cluster's munged (so no daemon of it will
+    answer that uid), nor read its key or configuration."""
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    sock = Path(next(part.split("=", 1)[1] for part in cluster.conf.read_text().split()
+                     if part.startswith("AuthInfo=")).split(",")[0].removeprefix("socket="))
+    assert subprocess.run(["munge", "-n", "-S", str(sock)], capture_output=True).returncode == 0
+    denied = subprocess.run([*as_nobody, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr
+    for secret in (cluster.folder / "munge" / "munge.key", cluster.conf):
+        assert subprocess.run([*as_nobody, "cat", str(secret)], capture_output=True).returncode != 0

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runfolder import PRIVATE_DIR, private_root, write_private
+from ..runfolder import PRIVATE_DIR, open_private, private_root, write_private
 from .errors import ClusterError
 
 #: program -> the Debian package that has it
@@ -112,7 +112,7 @@ def socket_folder(folder: Path) -> Path:
     for a Unix socket, a fresh ``distlab-munge-*`` folder in the temporary directory (removed on stop)."""
     inside = folder / "munge-socket"
     if len(str(inside / "munge.sock")) <= SOCKET_MAX:
-        os.mkdir(inside, 0o711)
+        os.mkdir(inside, PRIVATE_DIR)
         return inside
     made = Path(tempfile.mkdtemp(prefix="distlab-munge-"))
     write_private(folder / "munge-socket-folder", str(made))
@@ -259,8 +259,9 @@ def _start(cluster: LocalCluster) -> None:
     folder = cluster.folder
     for sub in ("run", "spool", "state", "log", "munge"):
         os.mkdir(folder / sub, PRIVATE_DIR)
+    # The socket's folder stays 0700: nobody else can ask this munged for a credential, so nobody else can
+    # talk to this cluster's daemons (munged warns that others cannot reach it; --force: that is the point).
     sock = socket_folder(folder) / "munge.sock"
-    os.chmod(sock.parent, 0o711)  # munged wants its socket's folder open for traversal (nothing to list)
     cpus, memory = node_resources()
     import pwd
 
@@ -279,7 +280,7 @@ def _start(cluster: LocalCluster) -> None:
     cluster.daemons.append(_daemon(cluster, "slurmd", ["slurmd", "-D"]))
     _wait(lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"), "slurmd's node did not become idle",
           folder / "log" / "slurmd.log")
-    with open(folder / "log" / "watchdog.log", "ab") as log:
+    with open_private(folder / "log" / "watchdog.log", "ab") as log:
         cluster.watchdog = subprocess.Popen(
             [sys.executable, "-m", "distlab.slurm.watchdog", str(os.getpid()), repr(_own_start_time()), str(folder)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -294,8 +295,7 @@ def _own_start_time() -> float:
 def _daemon(cluster: LocalCluster, name: str, argv: list[str]) -> Daemon:
     import psutil
 
-    log = open(cluster.folder / "log" / f"{name}.stdout", "ab")
-    with log:
+    with open_private(cluster.folder / "log" / f"{name}.stdout", "ab") as log:
         p = subprocess.Popen(argv, env=cluster.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              start_new_session=True, cwd=cluster.folder)
     d = Daemon(name, p.pid, psutil.Process(p.pid).create_time())
