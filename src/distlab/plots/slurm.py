@@ -17,6 +17,6 @@ def plot_attempts(rows: list[dict], t0: float, requeued_at: float | None = None)
         ax.axvline(requeued_at - t0, color="0.4", linestyle="--", label="scontrol requeue")
     ax.set_xlabel("seconds since submission")
     ax.set_ylabel("step")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     return fig
