@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 
@@ -37,16 +38,25 @@ def check_resume_step(answer, saved_step: int = 37) -> bool:
     return True
 
 
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``gpu[07-09,12],cpu3`` -> ``gpu07``."""
+    m = re.match(r"^([^\[,]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m:
+        raise ValueError(f"not a Slurm node list: {nodelist!r}")
+    prefix, ranges = m.groups()
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
+
+
 def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
     """Exercise 3: a bash line that sets MASTER_ADDR to the first host of SLURM_JOB_NODELIST. It is
-    run with bash, with that variable set to ``nodelist`` (``scontrol show hostnames`` needs no controller)."""
+    run with bash, with that variable set to ``nodelist`` (``scontrol show hostnames`` needs a slurm.conf,
+    not a running controller)."""
     if _unanswered(line, "a bash line (a string)"):
         return False
     env = {**os.environ, "SLURM_JOB_NODELIST": nodelist}
     done = subprocess.run(["bash", "-c", f'{line}\necho "$MASTER_ADDR"'], env=env, capture_output=True, text=True,
                           timeout=20)
-    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                           timeout=20).stdout.split()[0]
+    first = first_host(nodelist)
     got = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert got == first, (f"your line set MASTER_ADDR to {got!r}, not {first!r} (stderr: {done.stderr.strip()!r}). "
                           "Hint: scontrol show hostnames expands the list, one host per line.")
