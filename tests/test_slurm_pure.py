@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from distlab.slurm import cluster, commands, errors, job, rank, spec
+from distlab.slurm import cluster, commands, errors, job, rank, slurmconf, spec
 from distlab.slurm.commands import JobState
 
 
@@ -121,7 +121,7 @@ def test_tasks_per_node_and_rank_environment():
 
 
 def test_cluster_config_and_missing_packages(tmp_path):
-    text = cluster.config_text(tmp_path, "vm", 7001, 7002, "root", 2, 1800, tmp_path / "s" / "munge.sock")
+    text = slurmconf.config_text(tmp_path, "vm", 7001, 7002, "root", 2, 1800, tmp_path / "s" / "munge.sock")
     conf = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
                 and " " not in line.split("=", 1)[0])
     assert conf["SlurmctldHost"] == "vm" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
@@ -129,18 +129,18 @@ def test_cluster_config_and_missing_packages(tmp_path):
     assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
     assert all(str(tmp_path) in conf[k] for k in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile"))
     assert "NodeName=vm NodeAddr=127.0.0.1 CPUs=2 RealMemory=1800" in text
-    missing = cluster.missing_programs(which=lambda p, path=None: None if p in ("munged", "slurmd") else "/x")
+    missing = slurmconf.missing_programs(which=lambda p, path=None: None if p in ("munged", "slurmd") else "/x")
     assert missing == {"munged": "munge", "slurmd": "slurmd"}
-    assert cluster.install_hint(missing).startswith("Install them: apt-get install munge slurm-wlm ")
+    assert slurmconf.install_hint(missing).startswith("Install them: apt-get install munge slurm-wlm ")
 
 
 def test_long_folders_put_munges_socket_elsewhere(tmp_path):
     short = tmp_path / "c"
     short.mkdir()
-    assert cluster.socket_folder(short) == short / "munge-socket"
+    assert slurmconf.socket_folder(short) == short / "munge-socket"
     deep = tmp_path / ("x" * 90)
     deep.mkdir()
-    elsewhere = cluster.socket_folder(deep)
+    elsewhere = slurmconf.socket_folder(deep)
     try:
         assert elsewhere.name.startswith("distlab-munge-") and len(str(elsewhere / "munge.sock")) < 108
         assert (deep / "munge-socket-folder").read_text() == str(elsewhere)
