@@ -41,6 +41,7 @@ def cluster(tmp_path_factory):
         os.environ["DISTLAB_RUNS"] = old
     assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
     assert not _processes_of(c.folder), "a process of the cluster outlived it"
+    assert not c.folder.exists(), "the stopped cluster's folder is left in the runs root"
 
 
 def _processes_of(folder: Path) -> list[str]:
@@ -198,7 +199,7 @@ def test_killed_owner_leaves_no_daemon(tmp_path):
     while time.monotonic() < deadline and (any(running(d["pid"]) for d in daemons) or _processes_of(folder)):
         time.sleep(0.2)
     assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
-    assert not _processes_of(folder)
+    assert not _processes_of(folder) and not folder.exists()
 
 
 def _last_job_id() -> int:

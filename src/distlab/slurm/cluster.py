@@ -254,7 +254,8 @@ def _wait(ready, problem: str, log: Path) -> None:
 
 
 def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
-    """Cancel the cluster's jobs, then stop the daemons listed in its ``daemons.json`` (newest first)."""
+    """Cancel the cluster's jobs, stop the daemons listed in its ``daemons.json`` (newest first), and
+    remove the folder once none of them runs (the runs root is never pruned of cluster folders)."""
     import psutil
 
     path = Path(folder) / "daemons.json"
@@ -274,12 +275,15 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
         except psutil.TimeoutExpired:
             p.kill()
             p.wait(grace_s)
-    _save(Path(folder), [])
+    if any(d.alive() for d in daemons):
+        _save(Path(folder), [d for d in daemons if d.alive()])  # kept, with its logs, for a second try
+        return
     elsewhere = Path(folder) / "munge-socket-folder"
     if elsewhere.exists():
         made = Path(elsewhere.read_text())
         if made.name.startswith("distlab-munge-"):
             shutil.rmtree(made, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
 
 
 def _cancel_all(env: dict, grace_s: float) -> None:
