@@ -24,6 +24,7 @@ SENSES = {
     "kernel (CUDA)": (r"(C\+\+|CUDA|GPU|NCCL|Triton|compute|fused|custom|tiny|small|big|large|shared-memory"
                       r"( all-reduce)?) kernels?\b|\bkernels? (of a|launch|fusion)"),
     "worker (function)": r"\bworkers? (below|above|in which|of your own|that calls|defined)\b|\bDDP worker\b",
+    "batch (Slurm)": r"\bbatch (script|jobs?|system|queue|scheduler|step)s?\b|\bsbatch\b|\bSlurm\b",
 }
 SENSE_WINDOW = 40
 

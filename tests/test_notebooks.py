@@ -14,6 +14,9 @@ from book_copy import ROOT, toc_files
 from nbrun import CHAPTER_BUDGET_S
 
 CHAPTERS = toc_files()
+#: chapters allowed more than CHAPTER_BUDGET_S: chapter 13 submits ten real Slurm jobs, a requeue among them
+#: (issue #26 sets its budget to 180 s)
+BUDGETS_S = {"book/13_slurm_cluster": 180}
 TRACEBACK = "Traceback (most recent call last)"
 EXPECTED_TRACEBACK_TAGS = {"raises-exception", "prints-traceback"}
 
@@ -32,7 +35,7 @@ def test_chapter_executes(executed_book, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_chapter_within_budget(executed_book, name):
-    budget = float(os.environ.get("DISTLAB_CHAPTER_BUDGET_S", CHAPTER_BUDGET_S))
+    budget = float(os.environ.get("DISTLAB_CHAPTER_BUDGET_S", BUDGETS_S.get(name, CHAPTER_BUDGET_S)))
     ex = executed_book["executions"][name]
     assert ex.seconds <= budget, f"{name} took {ex.seconds:.0f}s > {budget:.0f}s (DISTLAB_CHAPTER_BUDGET_S)"
 
@@ -93,5 +96,5 @@ def test_every_notebook_is_in_the_toc():
 def test_toc_lists_the_planned_chapters_in_order():
     planned = ["01_dp_vs_ddp", "02_setup_cleanup", "03_toy_model", "04_point_to_point", "05_collectives",
                "06_distributed_sampler", "07_two_gpu_training", "08_deepspeed", "09_failure_lab",
-               "10_performance_lab", "11_ddp_in_practice", "12_beyond_data_parallel"]
+               "10_performance_lab", "11_ddp_in_practice", "12_beyond_data_parallel", "13_slurm_cluster"]
     assert CHAPTERS == ["book/intro"] + [f"book/{p}" for p in planned]

@@ -1,0 +1,195 @@
+"""What a Slurm job of distlab's is, checked, and the sbatch script it becomes. Pure: no process runs here.
+
+Two ways to start the ranks inside the allocation:
+
+* ``mode="torchrun"``: ``srun`` starts one ``torchrun`` agent per node; the agents meet in a c10d
+  rendezvous on the first node of the allocation and start ``ranks_per_node`` ranks each (RANK,
+  LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT set by torchrun). Restarts and a dead rank's survivors
+  are torchrun's business.
+* ``mode="tasks"``: ``srun`` starts one task per rank; :mod:`distlab.slurm.rank` turns Slurm's
+  SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS into RANK / LOCAL_RANK / WORLD_SIZE, and the script
+  exports MASTER_ADDR/MASTER_PORT for ``init_process_group``'s ``env://``.
+
+Either way every rank runs as ``python -m distlab.slurm.rank TARGET ARGS``, which writes the rank's
+output to the run folder (where the notebook reads it live) and runs TARGET as ``__main__``.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SlurmArgumentError
+
+MODES = ("torchrun", "tasks")
+TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+OPTION = re.compile(r"^--[a-z][a-z0-9-]*(=\S.*)?$")
+
+
+@dataclass
+class JobSpec:
+    """Everything the sbatch script says. ``target`` is the Python file every rank runs."""
+
+    target: Path
+    run_dir: Path
+    python: Path
+    import_path: Path  # the folder distlab is imported from, for PYTHONPATH on the nodes
+    target_args: tuple[str, ...] = ()
+    name: str = "distlab"
+    nodes: int = 1
+    ranks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    time: str = "00:10:00"
+    partition: str | None = None
+    mode: str = "torchrun"
+    requeue: bool = False
+    signal: str | None = None
+    workdir: Path | None = None
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+def positive(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SlurmArgumentError(name, value, f"must be an integer >= {minimum}")
+    return value
+
+
+def check_time(value) -> str:
+    """Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (an int: minutes)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)
+    if not isinstance(value, str) or not TIME.match(value):
+        raise SlurmArgumentError("time", value, "is not a Slurm time limit",
+                                 'Write minutes (10), "MM:SS", "HH:MM:SS" or "D-HH:MM:SS".')
+    return value
+
+
+def check_name(value) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise SlurmArgumentError("name", value, "must be 1-64 letters, digits, '_', '.', '+' or '-'")
+    return value
+
+
+def check_extra(lines) -> list[str]:
+    """Extra ``#SBATCH`` options: ``"--mem=4G"`` or ``"#SBATCH --mem=4G"``, one option per item."""
+    if isinstance(lines, str):
+        lines = [lines]
+    out = []
+    for line in lines or []:
+        option = line.removeprefix("#SBATCH").strip() if isinstance(line, str) else line
+        if not isinstance(option, str) or "\n" in option or not OPTION.match(option):
+            raise SlurmArgumentError("extra", line, "is not one sbatch option",
+                                     'Give each as "--option=value" (e.g. "--mem=4G").')
+        out.append(option)
+    return out
+
+
+def check_signal(value) -> str | None:
+    """``--signal``'s ``[B:]SIG[@seconds]`` (e.g. ``"USR1@60"``)."""
+    if value is None or (isinstance(value, str) and re.match(r"^([RB]:)?(SIG)?[A-Z0-9]+(@\d+)?$", value)):
+        return value
+    raise SlurmArgumentError("signal", value, "is not [B:]SIGNAL[@seconds]", 'For example "USR1@60".')
+
+
+def check_mode(value) -> str:
+    if value not in MODES:
+        raise SlurmArgumentError("mode", value, f"must be one of {', '.join(map(repr, MODES))}")
+    return value
+
+
+def check_partition(value, known: list[str]) -> str | None:
+    """None (the cluster's default) or a partition ``sinfo`` lists."""
+    if value is None:
+        return None
+    if value not in known:
+        raise SlurmArgumentError("partition", value, "is not a partition of this cluster",
+                                 f"Partitions here: {', '.join(known) or '(none)'} (see `sinfo`).")
+    return value
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+def _directives(spec: JobSpec, log: Path) -> list[tuple[str, str]]:
+    """(option, comment) pairs, in the order the script shows them."""
+    torchrun = spec.mode == "torchrun"
+    per_node = (1, "one torchrun agent per node; it starts the ranks") if torchrun else \
+        (spec.ranks_per_node, "one task per rank: srun starts the ranks itself")
+    rows = [(f"--job-name={spec.name}", ""), (f"--nodes={spec.nodes}", ""),
+            (f"--ntasks-per-node={per_node[0]}", per_node[1])]
+    cpus = spec.cpus_per_task or (spec.ranks_per_node if torchrun else 1)
+    rows.append((f"--cpus-per-task={cpus}", "cores for each task" if not torchrun else "the agent's ranks share these"))
+    if spec.gpus_per_node:
+        rows.append((f"--gpus-per-node={spec.gpus_per_node}", ""))
+    rows.append((f"--time={spec.time}", "Slurm ends the job (state TIMEOUT) after this"))
+    if spec.partition:
+        rows.append((f"--partition={spec.partition}", ""))
+    if spec.workdir:
+        rows.append((f"--chdir={spec.workdir}", "relative paths as in the notebook"))
+    rows.append((f"--output={log}", "this script's own output: srun's and Slurm's messages"))
+    rows.append(("--open-mode=append", "a requeued job appends to it instead of starting it again"))
+    if spec.requeue:
+        rows.append(("--requeue", "Slurm may put the job back in the queue (preemption, a failed node)"))
+    if spec.signal:
+        rows.append((f"--signal={spec.signal}", "a warning signal before the time limit"))
+    rows.extend((option, "") for option in spec.extra)
+    return rows
+
+
+def _environment(spec: JobSpec) -> list[str]:
+    """The lines between the #SBATCH options and srun: privacy, paths, the rendezvous address."""
+    q = shlex.quote
+    return [
+        "",
+        "umask 077                                 # every file the job writes: readable by you only",
+        "# the notebook's python and torchrun, and the distlab it imports",
+        f"export PATH={q(str(spec.python.parent))}:\"$PATH\"",
+        f"export PYTHONPATH={q(str(spec.import_path))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "# the run folder: each rank's log, report() rows and return value; torchrun's error files in tmp/",
+        f"export DISTLAB_RUN_DIR={q(str(spec.run_dir))}",
+        f"export TMPDIR={q(str(spec.run_dir / 'tmp'))}",
+        "export PYTHONUNBUFFERED=1",
+        "",
+        "# The first node of the allocation hosts the rendezvous, on a port that is free there",
+        "# (this script runs on that node).",
+        "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
+        "port=$(python -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')",
+        "echo \"distlab: job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST\"",
+        "",
+    ]
+
+
+def render(spec: JobSpec, script_path: Path, log: Path) -> str:
+    """The sbatch script: readable, and runnable by hand with ``sbatch <script_path>``."""
+    q = shlex.quote
+    lines = ["#!/bin/bash",
+             f"# Written by distlab.slurm: {spec.target.name} on {spec.nodes} node(s) x {spec.ranks_per_node} "
+             f"rank(s), {spec.mode} mode.",
+             f"# Submit it yourself with: sbatch {q(str(script_path))}"]
+    width = 40  # comments start here; a longer line (a path) puts its comment on the line above
+    for option, comment in _directives(spec, log):
+        text = f"#SBATCH {option}"
+        if comment and len(text) >= width:
+            lines += [f"# {comment}:", text]
+        else:
+            lines.append(f"{text.ljust(width)}# {comment}" if comment else text)
+    lines += _environment(spec)
+    command = " ".join(q(str(a)) for a in (spec.target, *spec.target_args))
+    if spec.mode == "torchrun":
+        lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
+                  "srun torchrun \\",
+                  "    --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "
+                  f"--nproc-per-node {spec.ranks_per_node} \\",
+                  "    --rdzv-backend c10d --rdzv-endpoint \"$head_node:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",
+                  f"    -m distlab.slurm.rank {command}"]
+    else:
+        lines += ["export MASTER_ADDR=\"$head_node\" MASTER_PORT=\"$port\"   # init_process_group's env://",
+                  "# distlab.slurm.rank sets RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
+                  f"srun --kill-on-bad-exit=1 python -m distlab.slurm.rank {command}"]
+    return "\n".join(lines) + "\n"

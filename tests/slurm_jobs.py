@@ -1,0 +1,66 @@
+"""Functions and scripts the Slurm tests submit (captured from this module like a notebook's cells)."""
+import os
+import sys
+import time
+
+RESUMABLE = '''"""A job that survives requeue: SIGTERM -> checkpoint at the next step -> exit; a restart resumes.
+
+No torch, so the test is about Slurm, not about import time. "Weights" are floats updated each step."""
+import json, os, signal, sys, time
+
+import distlab
+
+STEPS, ckpt = int(sys.argv[1]), sys.argv[2]
+stop = False
+def on_term(signum, frame):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+
+step, weights = 0, [1.0, -2.0, 0.5]
+if os.path.exists(ckpt):
+    state = json.load(open(ckpt))
+    step, weights = state["step"], state["weights"]
+    print(f"resumed at step {step}", flush=True)
+while step < STEPS:
+    if stop:
+        tmp = ckpt + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"step": step, "weights": weights}, f)
+        os.replace(tmp, ckpt)
+        print(f"checkpoint at step {step}", flush=True)
+        sys.exit(0)
+    step += 1
+    weights = [w * 0.9 + 0.01 * step for w in weights]
+    print(f"step {step}", flush=True)
+    distlab.report(step=step, attempt=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+    time.sleep(0.15)
+print("final", json.dumps(weights), flush=True)
+'''
+
+
+def reference_weights(steps: int) -> list[float]:
+    weights = [1.0, -2.0, 0.5]
+    for step in range(1, steps + 1):
+        weights = [w * 0.9 + 0.01 * step for w in weights]
+    return weights
+
+
+def hello(rank, ticks):
+    for i in range(ticks):
+        print(f"tick {i} from rank {rank}", flush=True)
+        time.sleep(0.3)
+    return {"rank": rank, "world": int(os.environ["WORLD_SIZE"]), "procid": os.environ.get("SLURM_PROCID")}
+
+
+def fail_on_rank1(rank):
+    if rank == 1:
+        time.sleep(0.5)
+        raise ValueError("rank 1 gives up")
+    time.sleep(60)  # a survivor: Slurm must stop it (srun --kill-on-bad-exit)
+
+
+def wait_forever(rank):
+    print(f"rank {rank} waiting", flush=True)
+    sys.stdout.flush()
+    time.sleep(3600)

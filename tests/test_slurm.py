@@ -1,0 +1,225 @@
+"""distlab.slurm against a real one-machine Slurm cluster (slurmctld + slurmd + munged from Debian's
+packages, started by distlab.slurm.local_cluster; CI installs them and runs as root).
+
+Every test submits real jobs. Together they check: live output, return values and exit codes,
+a failing rank, a timeout with stacks, Kernel > Interrupt -> scancel, requeue + resume, reattach
+by id, checks before sbatch, private files, and that no daemon outlives the cluster.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import slurm_jobs
+from procs import running
+
+from distlab import slurm
+from distlab.slurm import commands
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    os.chmod(root, 0o700)
+    old = os.environ.get("DISTLAB_RUNS")
+    os.environ["DISTLAB_RUNS"] = str(root)
+    c = slurm.local_cluster(use_existing=False)  # ours: the tests drain nodes and count daemons
+    yield c
+    daemons = list(c.daemons)
+    c.stop()
+    if old is None:
+        os.environ.pop("DISTLAB_RUNS", None)
+    else:
+        os.environ["DISTLAB_RUNS"] = old
+    assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
+    assert not _processes_of(c.folder), "a process of the cluster outlived it"
+    assert not c.folder.exists(), "the stopped cluster's folder is left in the runs root"
+
+
+def _processes_of(folder: Path) -> list[str]:
+    """Live processes that belong to the cluster in ``folder`` (its SLURM_CONF, or its paths in argv)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if str(folder) in " ".join(p.info["cmdline"] or []) or \
+                    p.environ().get("SLURM_CONF") == str(folder / "slurm.conf"):
+                found.append(f"{p.pid} {p.info['name']}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+class Recorder:
+    """A view that notes when each rank line arrived."""
+
+    def __init__(self, on_line=None):
+        self.lines, self.on_line = [], on_line
+
+    def line(self, rank, text):
+        self.lines.append((time.monotonic(), rank, text))
+        if self.on_line:
+            self.on_line(rank, text)
+
+    def metric(self, rank, row):
+        pass
+
+    def close(self):
+        pass
+
+
+def _private(run_dir: Path) -> None:
+    for p in run_dir.rglob("*"):
+        mode = p.stat().st_mode & 0o777
+        assert mode == (0o700 if p.is_dir() else 0o600), f"{p} has mode {mode:o}"
+
+
+def test_function_job_streams_live_and_returns(cluster):
+    view = Recorder()
+    job = slurm.submit(slurm_jobs.hello, (4,), ranks_per_node=2, mode="tasks", join=False)
+    res = job.join(view=view)
+    ended = time.monotonic()
+    assert res.state == "COMPLETED" and res.exit_codes == {0: 0, 1: 0}
+    assert res.returns == {r: {"rank": r, "world": 2, "procid": str(r)} for r in (0, 1)}
+    ticks = [t for t, rank, text in view.lines if text.startswith("tick")]
+    assert len(ticks) == 8 and ticks[0] < ended - 0.6, "the first line arrived only at the end: not live"
+    assert "tick 3 from rank 1" in res.logs[1] and res.job_id == job.id
+    assert [s for _, s in res.history][-1] == "COMPLETED" and "RUNNING" in [s for _, s in res.history]
+    _private(res.run_dir)
+    again = slurm.attach(job.id)  # reattach by id (as another kernel would)
+    assert again.run_dir == job.run_dir and again.logs == res.logs and again.state.state == "COMPLETED"
+
+
+def test_failing_rank_is_named_and_survivors_stop(cluster):
+    t0 = time.monotonic()
+    with pytest.raises(slurm.SlurmJobFailedError) as info:
+        slurm.submit(slurm_jobs.fail_on_rank1, ranks_per_node=2, mode="tasks", view=None)
+    e = info.value
+    assert e.rank == 1 and "rank 1 failed first (exit code 1)" in str(e) and "ValueError: rank 1 gives up" in str(e)
+    assert e.result.exit_codes[1] == 1 and e.result.exit_codes[0] not in (0, None)  # stopped by Slurm
+    assert time.monotonic() - t0 < 40, "the survivor (sleeping 60 s) was not stopped"
+    assert not commands.in_queue(e.result.job_id)
+
+
+def test_timeout_cancels_with_each_ranks_stack(cluster):
+    with pytest.raises(slurm.SlurmTimeoutError) as info:
+        slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode="tasks", timeout=8, view=None)
+    e = info.value
+    assert sorted(e.stacks) == [0, 1], f"stacks of {sorted(e.stacks)} only"
+    assert all("wait_forever" in s for s in e.stacks.values())
+    assert not commands.in_queue(e.job_id)
+
+
+def test_interrupt_cancels_the_job(cluster):
+    def interrupt_once(rank, text):
+        if "waiting" in text and not fired:
+            fired.append(1)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    fired = []
+    job = slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode="tasks", join=False)
+    with pytest.raises(slurm.SlurmInterrupted) as info:
+        job.watch(view=Recorder(interrupt_once))
+    assert isinstance(info.value, KeyboardInterrupt) and fired
+    left = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert str(job.id) not in left and job.state.state == "CANCELLED"
+
+
+def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path, capsys):
+    script = tmp_path / "resumable.py"
+    script.write_text(slurm_jobs.RESUMABLE)
+    ckpt, steps = tmp_path / "ckpt.json", 30
+    job = slurm.submit(script, [str(steps), str(ckpt)], mode="tasks", requeue=True, join=False)
+    job.watch(until=lambda: (job.latest("step") or 0) >= 8, view=None)
+    subprocess.run(["scontrol", "requeue", str(job.id)], check=True)  # what preemption does: SIGTERM, requeue
+    deadline = time.monotonic() + 30
+    while job.state.reason != "BeginTime":  # requeue complete: the job waits for its new start time
+        assert time.monotonic() < deadline, f"not requeued: {job.state}"
+        time.sleep(0.1)
+    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # no ~10 s wait
+    res = job.join(view=None)
+    assert res.attempts == 2 and res.state == "COMPLETED"
+    assert f"[slurm] job {job.id} requeued, PENDING" in capsys.readouterr().out
+    assert [s for _, s in res.history].count("REQUEUED") == 1 and res.history[-1][1] == "COMPLETED"
+    saved = json.loads(ckpt.read_text())
+    rows = res.metrics[0]
+    first = [r["step"] for r in rows if r["attempt"] == 0]
+    second = [r["step"] for r in rows if r["attempt"] == 1]
+    assert first[-1] == saved["step"] < steps, "the checkpoint is not where the first attempt stopped"
+    assert second[0] == saved["step"] + 1 and second[-1] == steps, "the second attempt did not resume"
+    assert f"resumed at step {saved['step']}" in res.logs[0]
+    final = json.loads(res.logs[0].split("final ")[-1].splitlines()[0])
+    assert final == slurm_jobs.reference_weights(steps), "resumed weights differ from an uninterrupted run"
+
+
+def test_bad_input_fails_before_sbatch(cluster, tmp_path):
+    before = _last_job_id()
+    with pytest.raises(slurm.SlurmArgumentError, match="not a partition of this cluster.*Partitions here: debug"):
+        slurm.submit(slurm_jobs.hello, (1,), partition="gpu-a100")
+    with pytest.raises(slurm.SlurmNotFoundError, match="the script 'nope.py' not found"):
+        slurm.submit("nope.py")
+    with pytest.raises(slurm.SlurmArgumentError, match="is not a Slurm time limit"):
+        slurm.submit(slurm_jobs.hello, (1,), time_limit="ten minutes")
+    assert _last_job_id() == before, "a job reached sbatch"
+
+
+def test_no_controller_and_no_slurm_are_clear(cluster, monkeypatch, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(cluster.conf.read_text().replace(f"SlurmctldPort={_port(cluster)}", "SlurmctldPort=9"))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    with pytest.raises(slurm.SlurmNotFoundError, match="no Slurm controller answers"):
+        slurm.submit(slurm_jobs.hello, (1,))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(slurm.SlurmNotFoundError, match="the Slurm command 'scontrol' not found. Install"):
+        slurm.submit(slurm_jobs.hello, (1,))
+
+
+def test_killed_owner_leaves_no_daemon(tmp_path):
+    """A process that started a cluster is killed (-9): its watchdog stops every daemon."""
+    root = tmp_path / "runs"
+    code = ("import os, sys; from distlab import slurm; c = slurm.local_cluster(use_existing=False); "
+            "print(c.folder, flush=True); sys.stdin.read()")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "DISTLAB_RUNS": str(root)})
+    folder = Path(owner.stdout.readline().strip())
+    daemons = json.loads((folder / "daemons.json").read_text())
+    assert len(daemons) == 3 and all(running(d["pid"]) for d in daemons)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (any(running(d["pid"]) for d in daemons) or _processes_of(folder)):
+        time.sleep(0.2)
+    assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
+    assert not _processes_of(folder) and not folder.exists()
+
+
+def _last_job_id() -> int:
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    return max(map(int, out), default=0)
+
+
+def _port(cluster) -> str:
+    return next(line.split("=")[1] for line in cluster.conf.read_text().splitlines()
+                if line.startswith("SlurmctldPort="))
+
+
+def test_other_users_cannot_use_the_cluster(cluster):
+    """Another uid can get no munge credential from this cluster's munged (so no daemon of it will
+    answer that uid), nor read its key or configuration."""
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    sock = Path(next(part.split("=", 1)[1] for part in cluster.conf.read_text().split()
+                     if part.startswith("AuthInfo=")).split(",")[0].removeprefix("socket="))
+    assert subprocess.run(["munge", "-n", "-S", str(sock)], capture_output=True).returncode == 0
+    denied = subprocess.run([*as_nobody, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr
+    for secret in (cluster.folder / "munge" / "munge.key", cluster.conf):
+        assert subprocess.run([*as_nobody, "cat", str(secret)], capture_output=True).returncode != 0

@@ -1,0 +1,200 @@
+"""distlab.slurm without a cluster: the sbatch script, the checks before sbatch, Slurm's output read back,
+the rank environment, the cluster's configuration, the error messages word for word."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from distlab.slurm import cluster, commands, errors, job, rank, slurmconf, spec
+from distlab.slurm.commands import JobState
+
+
+def _spec(**kw):
+    base = dict(target=Path("/w/ddp_train.py"), run_dir=Path("/runs/r1"), python=Path("/venv/bin/python"),
+                import_path=Path("/src"), target_args=("--epochs", "1"), name="ddp_train", ranks_per_node=2)
+    return spec.JobSpec(**{**base, **kw})
+
+
+def _bash_ok(text: str) -> None:
+    done = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_torchrun_script_says_what_it_does():
+    text = spec.render(_spec(workdir=Path("/w"), extra=["--mem=4G"]), Path("/runs/r1/job.sbatch"),
+                       Path("/runs/r1/logs/slurm-%j.out"))
+    _bash_ok(text)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash" and "sbatch /runs/r1/job.sbatch" in lines[2]
+    options = [line.split()[1] for line in lines if line.startswith("#SBATCH")]
+    assert options == ["--job-name=ddp_train", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2",
+                       "--time=00:10:00", "--chdir=/w", "--output=/runs/r1/logs/slurm-%j.out", "--open-mode=append",
+                       "--mem=4G"]
+    assert "umask 077" in text and "export DISTLAB_RUN_DIR=/runs/r1" in text and "export TMPDIR=/runs/r1/tmp" in text
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
+    assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:$port" --rdzv-id "$SLURM_JOB_ID"' in text
+    assert "--nproc-per-node 2" in text
+    assert lines[-1] == "    -m distlab.slurm.rank /w/ddp_train.py --epochs 1"
+
+
+def test_tasks_script_starts_one_task_per_rank():
+    text = spec.render(_spec(mode="tasks", nodes=2, gpus_per_node=4, partition="gpu", requeue=True,
+                             signal="USR1@90"), Path("/j.sbatch"), Path("/l"))
+    _bash_ok(text)
+    assert "#SBATCH --ntasks-per-node=2" in text and "#SBATCH --nodes=2" in text
+    assert "#SBATCH --gpus-per-node=4" in text and "#SBATCH --partition=gpu" in text
+    assert "#SBATCH --requeue" in text and "#SBATCH --signal=USR1@90" in text
+    assert 'export MASTER_ADDR="$head_node" MASTER_PORT="$port"' in text
+    assert text.rstrip().endswith("srun --kill-on-bad-exit=1 python -m distlab.slurm.rank /w/ddp_train.py --epochs 1")
+    assert "torchrun" not in text.split("srun")[-1]
+
+
+def test_paths_with_spaces_are_quoted():
+    text = spec.render(_spec(target=Path("/my dir/t.py"), run_dir=Path("/runs/a b")), Path("/j"), Path("/l"))
+    _bash_ok(text)
+    assert "'/my dir/t.py'" in text and "export DISTLAB_RUN_DIR='/runs/a b'" in text
+
+
+@pytest.mark.parametrize("good", ["10", "1:30", "00:10:00", "2-00", "1-12:00:00", 30])
+def test_time_limits_slurm_accepts(good):
+    assert spec.check_time(good) == str(good)
+
+
+@pytest.mark.parametrize("bad", ["ten minutes", "1:2:3:4", "", None, -5, True, "10\n#SBATCH --x"])
+def test_time_limits_refused(bad):
+    with pytest.raises(errors.SlurmArgumentError, match="is not a Slurm time limit"):
+        spec.check_time(bad)
+
+
+def test_option_checks():
+    assert spec.check_extra(["--mem=4G", "#SBATCH --exclusive"]) == ["--mem=4G", "--exclusive"]
+    assert spec.check_extra("--qos=low") == ["--qos=low"]
+    for bad in (["--mem=4G\nrm -rf ~"], ["mem=4G"], [3]):
+        with pytest.raises(errors.SlurmArgumentError, match="is not one sbatch option"):
+            spec.check_extra(bad)
+    with pytest.raises(errors.SlurmArgumentError, match="must be one of 'torchrun', 'tasks'"):
+        spec.check_mode("mpi")
+    with pytest.raises(errors.SlurmArgumentError, match="must be an integer >= 1"):
+        spec.positive("nodes", 0)
+    with pytest.raises(errors.SlurmArgumentError, match="must be 1-64 letters"):
+        spec.check_name("my job")
+    assert spec.check_signal("B:USR1@60") == "B:USR1@60"
+    with pytest.raises(errors.SlurmArgumentError, match=r"is not \[B:\]SIGNAL\[@seconds\]"):
+        spec.check_signal("USR1 @ 60")
+    assert spec.check_partition(None, []) is None and spec.check_partition("debug", ["debug"]) == "debug"
+    with pytest.raises(errors.SlurmArgumentError) as info:
+        spec.check_partition("gpu", ["cpu", "debug"])
+    assert str(info.value) == ("distlab.slurm: invalid partition='gpu': is not a partition of this cluster. "
+                               "Partitions here: cpu, debug (see `sinfo`).")
+
+
+def test_squeue_and_scontrol_output_read_back():
+    assert commands.parse_squeue("") is None
+    assert commands.parse_squeue("PENDING|Resources|\n") == JobState("PENDING", "Resources", "")
+    assert commands.parse_squeue("RUNNING|None|node[1-2]") == JobState("RUNNING", "None", "node[1-2]")
+    assert commands.parse_squeue("CANCELLED by 0|None|vm").state == "CANCELLED"
+    line = ("JobId=7 JobName=hello UserId=root(0) JobState=COMPLETED Reason=None Requeue=1 Restarts=1 "
+            "ExitCode=0:0 NodeList=vm StdOut=/runs/x/logs/slurm-7.out")
+    fields = commands.parse_scontrol(line)
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0" and fields["Restarts"] == "1"
+    assert fields["StdOut"] == "/runs/x/logs/slurm-7.out"
+
+
+def test_states_described_and_finished():
+    assert JobState("PENDING", "Resources").describe() == "PENDING (Resources)"
+    assert JobState("PENDING", "None").describe() == "PENDING"
+    assert JobState("RUNNING", "None", "vm").describe() == "RUNNING on vm"
+    assert JobState("COMPLETED", exit_code="0:0").describe() == "COMPLETED (exit code 0:0)"
+    assert not JobState("COMPLETING").finished and not JobState("PENDING").finished
+    assert all(JobState(s).finished for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"))
+
+
+def test_tasks_per_node_and_rank_environment():
+    assert rank.tasks_on_node("2") == 2
+    assert [rank.tasks_on_node("4(x2),1", n) for n in range(3)] == [4, 4, 1]
+    with pytest.raises(ValueError, match="cannot read tasks per node"):
+        rank.tasks_on_node("two")
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NODEID": "1",
+           "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}
+    assert rank.rank_environment(env) == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    assert rank.rank_environment({**env, "RANK": "0"}) == {}
+
+
+def test_cluster_config_and_missing_packages(tmp_path):
+    text = slurmconf.config_text(tmp_path, "vm", 7001, 7002, "root", 2, 1800, tmp_path / "s" / "munge.sock")
+    conf = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+                and " " not in line.split("=", 1)[0])
+    assert conf["SlurmctldHost"] == "vm" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
+    assert conf["AuthInfo"] == f"socket={tmp_path}/s/munge.sock,cred_expire=2"
+    assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
+    assert all(str(tmp_path) in conf[k] for k in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile"))
+    assert "NodeName=vm NodeAddr=127.0.0.1 CPUs=2 RealMemory=1800" in text
+    missing = slurmconf.missing_programs(which=lambda p, path=None: None if p in ("munged", "slurmd") else "/x")
+    assert missing == {"munged": "munge", "slurmd": "slurmd"}
+    assert slurmconf.install_hint(missing).startswith("Install them: apt-get install munge slurm-wlm ")
+
+
+def test_long_folders_put_munges_socket_elsewhere(tmp_path):
+    short = tmp_path / "c"
+    short.mkdir()
+    assert slurmconf.socket_folder(short) == short / "munge-socket"
+    deep = tmp_path / ("x" * 90)
+    deep.mkdir()
+    elsewhere = slurmconf.socket_folder(deep)
+    try:
+        assert elsewhere.name.startswith("distlab-munge-") and len(str(elsewhere / "munge.sock")) < 108
+        assert (deep / "munge-socket-folder").read_text() == str(elsewhere)
+    finally:
+        elsewhere.rmdir()
+
+
+def test_not_root_is_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(cluster, "missing_programs", lambda: {})
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    with pytest.raises(errors.ClusterError) as info:
+        cluster.check_can_start()
+    assert str(info.value) == (
+        "distlab.slurm: cannot start a one-machine cluster: it needs root (slurmd starts every job step as the "
+        "job's user, which only root may do). Run as root (as CI does, or in a container), or use a real "
+        "cluster's login node.")
+
+
+def _result(tmp_path, state, codes, exit_code="1:0"):
+    attempt = tmp_path / "logs" / "attempt0"
+    attempt.mkdir(parents=True)
+    for r, c in codes.items():
+        if c is not None:
+            (attempt / f"rank{r}.exit").write_text(str(c))
+    return job.SlurmResult(run_dir=tmp_path, script=None, world_size=len(codes),
+                           logs={r: f"line of {r}\n" for r in codes}, job_id=9, state=state, exit_code=exit_code,
+                           exit_codes=codes)
+
+
+def test_failure_names_the_rank_that_failed_by_itself(tmp_path):
+    e = job.failure(_result(tmp_path, "FAILED", {0: -15, 1: 3}), tmp_path / "none.out")
+    assert e.rank == 1 and str(e) == (
+        "distlab.slurm: job 9 ended FAILED (Slurm exit code 1:0); rank 1 failed first (exit code 3).\n"
+        "--- last lines rank 1 printed ---\nline of 1\n"
+        f"Run folder (sbatch script and every rank's log): {tmp_path}")
+
+
+def test_failure_by_slurm_says_why(tmp_path):
+    log = tmp_path / "slurm-9.out"
+    log.write_text("*** JOB 9 ON vm CANCELLED AT 2026-12-01T14:40:06 DUE TO TIME LIMIT ***\n")
+    e = job.failure(_result(tmp_path, "TIMEOUT", {0: -15, 1: -15}, "0:15"), log)
+    assert e.rank is None and str(e) == (
+        "distlab.slurm: job 9 ended TIMEOUT (Slurm exit code 0:15) (its time limit, --time).\n"
+        "--- last lines of the batch script's output ---\n"
+        "*** JOB 9 ON vm CANCELLED AT 2026-12-01T14:40:06 DUE TO TIME LIMIT ***\n"
+        f"Run folder (sbatch script and every rank's log): {tmp_path}")
+
+
+def test_timeout_and_interrupt_messages():
+    e = errors.SlurmTimeoutError(4, 10.0, {1: "stack b", 0: "stack a"}, "/runs/x")
+    assert str(e) == ("distlab.slurm: job 4 did not finish within timeout=10.0s of running; it was cancelled "
+                      "(scancel).\nWhere each rank was when the time ran out:\n--- rank 0 ---\nstack a\n"
+                      "--- rank 1 ---\nstack b\nA rank waiting in a collective usually means another rank never "
+                      "called it. Run folder: /runs/x")
+    i = errors.SlurmInterrupted(4, "/runs/x")
+    assert isinstance(i, KeyboardInterrupt) and str(i) == (
+        "distlab.slurm: interrupted; job 4 was cancelled (scancel) and has left the queue. Run folder: /runs/x")
