@@ -8,7 +8,8 @@ screenshots of every step under the test's temp folder (the path is printed; ``p
 * no ``Error displaying widget`` anywhere, before or after a save;
 * after save, close and reopen with a new kernel, each rank's output is still readable (the saved
   file holds a static record, not a widget reference);
-* a failing run shows the rank that failed first, with its traceback, before any other rank;
+* a failing run shows the rank that failed first, with its traceback, before any other rank, and
+  none of torch's own log lines ("Terminating process N via signal SIGTERM");
 * Kernel > Interrupt leads with distlab's one line, shows no torchelastic log line, leaves no
   worker process behind, and the next launch works;
 * a notebook saved while a run is live, reopened with a new kernel, still shows what each rank had
@@ -317,6 +318,7 @@ def test_a_failure_shows_the_failed_rank_first_and_interrupt_leaves_no_worker(la
         out = nb.outputs(2)
         assert out.lstrip().startswith("distlab: rank 1 failed first"), out[:300]
         assert out.index("rank 1 · ✗ failed first") < out.index("rank 0 · stopped by distlab"), out[:600]
+        assert "Terminating process" not in nb.cell(2).inner_text()  # torch's own log line stays out of the cell
 
         nb.run_cell(3)
         nb.wait(lambda: "rank 0 sleeping" in nb.outputs(3) and _printed(lab, "sleeper", 1, "rank 1 sleeping"),
