@@ -145,7 +145,8 @@ def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path, capsys):
     while job.state.reason != "BeginTime":  # requeue complete: the job waits for its new start time
         assert time.monotonic() < deadline, f"not requeued: {job.state}"
         time.sleep(0.1)
-    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # no ~10 s wait
+    time.sleep(3)  # past the old credential (cred_expire=2 here): released sooner it once ended FAILED
+    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # not Slurm's ~2 min
     res = job.join(view=None)
     assert res.attempts == 2 and res.state == "COMPLETED"
     assert f"[slurm] job {job.id} requeued, PENDING" in capsys.readouterr().out
