@@ -307,3 +307,23 @@ def test_torchrun_2_13_keeps_the_failed_attempts_keys_unless_the_store_is_not_sh
     assert code == 0, out[-3000:]
     for rank in (0, 1):
         assert f"attempt 1, rank {rank}: the failed attempt's key is visible: False" in out
+
+
+def test_a_process_left_behind_is_reported_after_the_grace_and_one_that_ends_is_not(capsys):
+    import subprocess
+    import sys
+    import threading
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    reaper = threading.Thread(target=ending.wait)  # its parent reaps it, as a launcher does
+    reaper.start()
+    try:
+        workers = lab.settled_workers(grace_s=3.0)
+        reaper.join()
+        assert [p.pid for p in workers] == [left.pid]  # the one ending within the grace is not a leftover
+        assert not lab.no_workers_left() and f"still running: pid {left.pid}" in capsys.readouterr().out
+    finally:
+        left.kill()
+        left.wait()
+    assert lab.no_workers_left()

@@ -18,6 +18,7 @@ import sys
 import threading
 
 ENV = "DISTLAB_PRESTART"
+_THREADS: list[threading.Thread] = []
 OFF = ("0", "false", "no", "off")
 
 
@@ -49,7 +50,15 @@ def maybe_start(env=None) -> threading.Thread | None:
         return None
     thread = threading.Thread(target=_start_server, daemon=True, name="distlab-prestart")
     thread.start()
+    _THREADS.append(thread)
     return thread
+
+
+def wait(timeout: float = 30.0) -> None:
+    """Until a background start begun by :func:`maybe_start` is over (for code that lists this
+    process's children and must not catch the server half-started)."""
+    for thread in _THREADS:
+        thread.join(timeout)
 
 
 def _start_server() -> None:

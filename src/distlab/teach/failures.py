@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import psutil
@@ -29,6 +30,9 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
     A zombie has exited but was never reaped; it still counts, because a launcher that forgets
     to reap its children leaks them just the same.
     """
+    from distlab import prestart
+
+    prestart.wait()  # a server being started in the background is not a leftover
     try:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -59,10 +63,22 @@ def _is_multiprocessing_helper(p: psutil.Process) -> bool:
         return False
 
 
+def settled_workers(pid: int | None = None, grace_s: float = 3.0) -> list[psutil.Process]:
+    """:func:`worker_processes`, after giving processes that are just ending ``grace_s`` to be
+    reaped (a rank stopped at the end of a cell can still be exiting when the cell returns); a
+    process that is left behind is still there after the grace."""
+    deadline = time.monotonic() + grace_s
+    left = worker_processes(pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = worker_processes(pid)
+    return left
+
+
 def no_workers_left(pid: int | None = None) -> bool:
     """True when this kernel has no child process left; otherwise print what is left and say False."""
     left = []
-    for p in worker_processes(pid):
+    for p in settled_workers(pid):
         try:
             left.append(f"pid {p.pid} ({p.status()}): {' '.join(p.cmdline())[:120]}")
         except psutil.NoSuchProcess:
@@ -86,7 +102,7 @@ def check_after_every_cell(shell=None) -> list[str]:
     found: list[str] = []
 
     def check(result) -> None:
-        for p in worker_processes():
+        for p in settled_workers():
             try:
                 found.append(f"cell {result.execution_count}: pid {p.pid} ({p.status()}): "
                              f"{' '.join(p.cmdline())[:120]}")
