@@ -12,49 +12,19 @@ Usage: python bench/vs_accelerate.py [--repeats 15] [--busy]
 import argparse
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+from launch_latency import job, time_accelerate  # the same trivial job and accelerate timing as that bench
 
 import distlab
-
-
-def job(rank, world_size):
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    dist.destroy_process_group()
-
-
-def job_from_env():
-    dist.init_process_group("gloo")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def time_distlab() -> float:
     began = time.perf_counter()
     distlab.spawn(job, args=(2,), nprocs=2, view=None)
-    return time.perf_counter() - began
-
-
-def time_accelerate() -> float:
-    from accelerate import notebook_launcher
-
-    began = time.perf_counter()
-    notebook_launcher(job_from_env, num_processes=2, use_port=str(free_port()))
     return time.perf_counter() - began
 
 

@@ -59,10 +59,8 @@ def _fork_rank(cfg: dict, conn: Connection, log: Path, env: dict) -> ForkedRank:
     from . import forkserver
     from ._forkwarm import run_warm_rank
 
-    forkserver.ensure_server()
-    forkserver.register()
     open_private(log, "wb").close()
-    context = forkserver.get_context()
+    context = forkserver.get_context()  # the server runs: Ranks started it (or fell back to "spawn")
     with forkserver.launching(f"warm-{log.parent.name}"):
         process = context.Process(target=run_warm_rank, args=(cfg, conn, str(log), env), daemon=True,
                                   name=f"distlab-warm-rank{cfg['rank']}")

@@ -221,6 +221,11 @@ def write_private(path: Path, data: str | bytes) -> None:
         f.write(data)
 
 
+def store_name(attempt: int | str, call: int) -> str:
+    """The FileStore of the ``call``-th ``init_process_group`` of attempt ``attempt`` (single node)."""
+    return f"attempt{int(attempt)}-{int(call)}"
+
+
 def rank_of(path: Path) -> int | None:
     """``rank3.out`` -> 3; None for a file that is not a rank's."""
     m = RANK_FILE.match(path.name)
@@ -335,7 +340,7 @@ class RunFolder:
         return self.path / "metrics" / f"rank{rank}.jsonl"
 
     def store(self, attempt: int | str, call: int) -> Path:
-        return self.path / "stores" / f"attempt{int(attempt)}-{int(call)}"
+        return self.path / "stores" / store_name(attempt, call)
 
     def metric_streams(self) -> list[tuple[int, Path]]:
         return [(r, p) for p in sorted((self.path / "metrics").glob("rank*.jsonl")) if (r := rank_of(p)) is not None]

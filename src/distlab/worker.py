@@ -24,7 +24,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .runfolder import RunFolder, check_private_file, open_private, write_private
+from .runfolder import RunFolder, check_private_file, open_private, store_name, write_private
 
 _RUN: dict | None = None  # the launcher's run config when started by distlab, else None
 _METRICS = None  # open metrics file of this rank
@@ -345,7 +345,7 @@ class _StoreFolder:
         self.path = Path(path)
 
     def store(self, attempt, call: int) -> Path:
-        return self.path / f"attempt{int(attempt)}-{int(call)}"
+        return self.path / store_name(attempt, call)
 
 
 def report(**metrics) -> None:
