@@ -329,3 +329,19 @@ def test_the_server_imports_the_kernels_distlab_even_one_found_through_sys_path(
     where = json.loads(done.stdout.split("WHERE ", 1)[1].splitlines()[0])
     assert where["rank"] == where["kernel"] == str(src / "distlab" / "__init__.py")
     assert where["rank_pythonpath"] is None and where["kernel_pythonpath"] is None
+
+
+def test_a_torn_error_file_is_reported_by_the_exit_code(tmp_path):
+    """A rank aborted while writing its error file (seen with gloo's abort): the failure is still
+    reported, by its exit code, instead of torchelastic's ProcessFailure failing to parse the file."""
+    from types import SimpleNamespace
+
+    from distlab import forklaunch
+
+    torn = tmp_path / "rank1.error.json"
+    torn.write_text("")
+    exc = SimpleNamespace(failures={})  # what torchelastic reported (here: nothing)
+    proc = SimpleNamespace(exitcode=-6, pid=12345, _args=(None, 1))
+    forklaunch.add_unreported_failures(exc, [SimpleNamespace(exitcode=0, pid=1, _args=(None, 0)), proc],
+                                       {1: str(torn)})
+    assert list(exc.failures) == [1] and exc.failures[1].exitcode == -6 and exc.failures[1].error_file == "<N/A>"

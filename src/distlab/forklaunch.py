@@ -95,6 +95,18 @@ def rank_logs(inner):
     return RankLogs()
 
 
+def _complete_json(path: str) -> bool:
+    """Whether ``path`` holds a whole JSON error file (torchelastic's ProcessFailure parses it)."""
+    import json
+
+    try:
+        with open(path) as f:
+            json.load(f)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def add_unreported_failures(exc, processes: list, error_files: dict[int, str]) -> None:
     """Add to ``exc.failures`` every rank of the last attempt that failed but was not reported.
 
@@ -110,8 +122,10 @@ def add_unreported_failures(exc, processes: list, error_files: dict[int, str]) -
         if rank in exc.failures:
             continue
         path = error_files.get(rank, "")
+        if path and not _complete_json(path):
+            path = ""  # a rank killed while writing it (gloo aborts): report it by its exit code
         code = proc.exitcode
-        if code in (0, None) and not (path and os.path.isfile(path)):
+        if code in (0, None) and not path:
             continue
         exc.failures[rank] = ProcessFailure(local_rank=rank, pid=proc.pid, exitcode=code or 1,
                                             error_file=path or "<N/A>")
