@@ -42,6 +42,14 @@ import torch.distributed  # noqa: E402,F401
 import torch.distributed.elastic.multiprocessing  # noqa: E402,F401
 
 import distlab._forkrank  # noqa: E402,F401
+import distlab.worker  # noqa: E402
+
+distlab.worker._loopback_interface()  # looked up (and cached) once, not by every rank
+
+try:  # numpy loads numpy.random lazily: imported here once, not in each rank that reseeds it
+    import numpy.random  # noqa: F401
+except ImportError:
+    pass
 import distlab.forkserver  # noqa: E402,F401
 
 # Objects made so far live as long as the server: keep the garbage collector of every rank off

@@ -19,7 +19,7 @@ from pathlib import Path
 from .errors import FORKSERVER_REFUSED
 from .launchmode import AGENT_VARS, LOG_VARS
 
-MONITOR_S = 0.01  # how often torchelastic looks at the ranks: a finished run is noticed this fast
+MONITOR_S = 1e-4  # torchelastic's sleep between looks (must be > 0): the agent waits for its ranks in agent_wait
 REFUSAL_HINT = 'A Python >= 3.11.1 (or >= 3.10.9) fixes it; pass start="spawn" to silence this.'
 _REFUSAL_SAID: list[str] = []
 FALLBACK = ("distlab: could not start the forkserver ({error}); starting fresh interpreters instead "
@@ -45,7 +45,7 @@ def server_or_warning() -> int | None:
 
 def run(config, plan, run_json: Path) -> bool:
     """Run the plan's ranks forked from the server; False (after a warning) if it cannot start."""
-    from . import forkserver
+    from . import agent_wait, forkserver
 
     server_pid = server_or_warning()
     if server_pid is None:
@@ -59,7 +59,7 @@ def run(config, plan, run_json: Path) -> bool:
     logs = rank_logs(config.logs_specs)
     config.logs_specs, config.start_method, config.monitor_interval = logs, forkserver.START_METHOD, MONITOR_S
     kernel = {"env": dict(os.environ), "server_pid": server_pid}
-    with forkserver.launching(plan.elastic_run_id) as started:
+    with forkserver.launching(plan.elastic_run_id) as started, agent_wait.prompt():
         try:
             elastic_launch(config, run_rank)(str(run_json), str(plan.target), list(plan.target_args), kernel)
         except ChildFailedError as e:

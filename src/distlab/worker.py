@@ -13,6 +13,7 @@ or reads torchrun's environment.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import runpy
@@ -52,6 +53,9 @@ def _install(run: dict) -> None:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     write_private(_folder().ready(rank), str(os.getpid()))  # SIGUSR1 is safe from now on
     _die_with_parent(run["parent_pid"])
+    from . import retired_groups
+
+    retired_groups.install()  # a destroyed gloo group closes with the rank: 20 ms less per run
     if run["single_node"]:  # keep gloo's and NCCL's own sockets on loopback too
         loopback = _loopback_interface()
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
@@ -59,7 +63,9 @@ def _install(run: dict) -> None:
         _private_rendezvous(_folder(), int(os.environ["MASTER_PORT"]))
 
 
+@functools.lru_cache(maxsize=1)
 def _loopback_interface() -> str:
+    """The loopback interface's name (the forkserver looks it up once for all its ranks)."""
     import psutil
 
     for name, addrs in psutil.net_if_addrs().items():

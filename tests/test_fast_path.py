@@ -1,0 +1,151 @@
+"""The launch's fast path (#28): the agent woken by its ranks, destroyed gloo groups kept until
+the rank exits, the kernel's logger levels set in one go. Pure rules first, then real runs."""
+import os
+import threading
+from types import SimpleNamespace
+
+import pytest
+from fake_kernel import run_cells
+
+import distlab
+from distlab import agent_wait, retired_groups
+
+
+class _Queue:
+    def __init__(self, reader):
+        self._reader = reader
+
+
+def _pcontext(sentinels=(), readers=(), read=()):
+    return SimpleNamespace(_pc=SimpleNamespace(sentinels={s: i for i, s in enumerate(sentinels)}),
+                           _ret_vals={i: _Queue(r) for i, r in enumerate(readers)},
+                           _return_values={i: None for i in read})
+
+
+def test_the_agent_watches_unjoined_ranks_and_unread_return_values():
+    assert agent_wait.watched(_pcontext(sentinels=[10, 11], readers=[20, 21])) == [10, 11, 20, 21]
+    assert agent_wait.watched(_pcontext(sentinels=[11], readers=[20, 21], read=[0])) == [11, 21]
+
+
+def test_a_process_context_it_does_not_know_is_watched_by_the_clock():
+    assert agent_wait.watched(SimpleNamespace()) == []
+    assert agent_wait.watched(SimpleNamespace(_pc=None, _ret_vals={}, _return_values={})) == []
+    assert agent_wait.watched(_pcontext(sentinels=[3], readers=[None])) == []
+    assert agent_wait.wait_for_change(SimpleNamespace()) == frozenset()
+
+
+def test_the_agent_wakes_when_a_rank_writes_its_return_value(monkeypatch):
+    monkeypatch.setattr(agent_wait, "MAX_WAIT_S", 30)
+    r, w = os.pipe()
+    quiet_r, quiet_w = os.pipe()
+    try:
+        timer = threading.Timer(0.05, os.write, (w, b"x"))
+        timer.start()
+        ready = agent_wait.wait_for_change(_pcontext(sentinels=[quiet_r], readers=[r]))
+        timer.join()
+        assert ready == frozenset({id(r)})
+        monkeypatch.setattr(agent_wait, "MAX_WAIT_S", 0.01)
+        assert agent_wait.wait_for_change(_pcontext(sentinels=[quiet_r], readers=[])) == frozenset()
+    finally:
+        for fd in (r, w, quiet_r, quiet_w):
+            os.close(fd)
+
+
+def test_a_ready_object_nobody_consumed_does_not_make_the_agent_spin(monkeypatch):
+    slept = []
+    monkeypatch.setattr(agent_wait.time, "sleep", slept.append)
+    r, w = os.pipe()
+    try:
+        os.write(w, b"x")
+        first = agent_wait.wait_for_change(_pcontext(sentinels=[r]))
+        assert slept == []
+        assert agent_wait.wait_for_change(_pcontext(sentinels=[r]), first) == first
+        assert slept == [agent_wait.FALLBACK_S]
+    finally:
+        os.close(r), os.close(w)
+
+
+def test_kept_groups_are_bounded():
+    saved = list(retired_groups._KEPT)
+    try:
+        retired_groups._KEPT.clear()
+        retired_groups.keep(list(range(retired_groups.KEEP - 1)))
+        retired_groups.keep(["a", "b", "c"])
+        assert len(retired_groups._KEPT) == retired_groups.KEEP
+        assert retired_groups._KEPT[-3:] == ["a", "b", "c"] and retired_groups._KEPT[0] == 2
+    finally:
+        retired_groups._KEPT[:] = saved
+
+
+def test_destroy_still_destroys_and_keeps_only_gloo_groups(monkeypatch):
+    """In this process: a one-rank gloo group, destroyed through the wrapper."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    monkeypatch.setattr(c10d, "destroy_process_group", c10d.destroy_process_group)
+    monkeypatch.setattr(dist, "destroy_process_group", dist.destroy_process_group)
+    monkeypatch.setattr(retired_groups, "_KEPT", [])
+    retired_groups.install()
+    retired_groups.install()  # a second install does not wrap twice
+    assert dist.destroy_process_group.__wrapped__.__name__ == "destroy_process_group"
+    assert not hasattr(dist.destroy_process_group.__wrapped__, "__wrapped__")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    world = dist.group.WORLD
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    assert retired_groups._KEPT == [world]
+    assert retired_groups._gloo_groups(SimpleNamespace()) == []  # not a group torch knows
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("start_mode")
+def test_a_rank_can_destroy_and_make_groups_again_and_keeps_what_it_destroyed():
+    ns = run_cells("""
+    import torch
+    import torch.distributed as dist
+    def twice(rank, world):
+        from distlab import retired_groups
+        sums = []
+        for _ in range(2):
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            sums.append(t.item())
+            dist.destroy_process_group()
+        return sums, dist.is_initialized(), len(retired_groups._KEPT)
+    """)
+    run = distlab.spawn(ns["twice"], args=(2,), nprocs=2, view=None)
+    assert run.returns == {0: ([2.0, 2.0], False, 2), 1: ([2.0, 2.0], False, 2)}
+
+
+@pytest.mark.slow
+def test_the_agent_of_a_forked_run_looks_at_its_ranks_when_they_change(monkeypatch):
+    """A run of 0.4 s: the agent waits on its ranks, so it looks a handful of times; polled at
+    its 0.1 ms interval it would look thousands of times."""
+    looks = []
+    wait = agent_wait.wait_for_change
+    monkeypatch.setattr(agent_wait, "wait_for_change", lambda *a: looks.append(1) or wait(*a))
+    ns = run_cells("""
+    import time
+    def nap(rank):
+        time.sleep(0.4)
+        return rank
+    """)
+    run = distlab.spawn(ns["nap"], nprocs=2, view=None, start="forkserver")
+    assert run.returns == {0: 0, 1: 1}
+    assert 1 <= len(looks) <= 0.4 / agent_wait.MAX_WAIT_S + 10, len(looks)
+
+
+def test_quieting_torchelastic_sets_and_restores_every_level_at_once():
+    import logging
+
+    from distlab import engine
+
+    name = "torch.distributed.elastic.agent.server.api"
+    logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger(name).isEnabledFor(logging.INFO)  # fills the logger's cache
+    with engine.quiet_torchelastic():
+        assert not logging.getLogger(name).isEnabledFor(logging.ERROR)  # the cache was flushed
+    assert logging.getLogger(name).level == logging.INFO
+    assert logging.getLogger(name).isEnabledFor(logging.INFO)
+    logging.getLogger(name).setLevel(logging.NOTSET)
