@@ -149,3 +149,88 @@ def test_quieting_torchelastic_sets_and_restores_every_level_at_once():
     assert logging.getLogger(name).level == logging.INFO
     assert logging.getLogger(name).isEnabledFor(logging.INFO)
     logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def _prompt_file_store(tmp_path, seconds: float):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from distlab.prompt_store import prompt_store
+
+    inner = dist.FileStore(str(tmp_path / "store"), 1)
+    inner.set_timeout(timedelta(seconds=seconds))
+    return prompt_store(inner), inner
+
+
+def test_the_prompt_store_is_the_file_store_underneath(tmp_path):
+    store, inner = _prompt_file_store(tmp_path, 5)
+    store.set("a", b"1")
+    assert inner.get("a") == b"1" and store.get("a") == b"1"
+    assert store.add("n", 2) == 2 and inner.add("n", 1) == 3
+    assert store.check(["a", "n"]) and not store.check(["missing"])
+    assert store.compare_set("a", b"1", b"2") == b"2" and inner.get("a") == b"2"
+    assert store.num_keys() == inner.num_keys()
+    assert store.delete_key("a") and not inner.check(["a"])
+    assert store.timeout == inner.timeout
+
+
+def test_the_prompt_store_returns_a_key_written_later_by_someone_else(tmp_path):
+    store, inner = _prompt_file_store(tmp_path, 30)
+    timer = threading.Timer(0.05, inner.set, ("late", b"here"))
+    timer.start()
+    assert store.get("late") == b"here"
+    timer.join()
+    threading.Timer(0.05, inner.set, ("later", b"x")).start()
+    store.wait(["late", "later"])
+    assert inner.get("later") == b"x"
+
+
+def test_a_key_that_never_comes_gives_torchs_own_timeout_error(tmp_path):
+    store, _ = _prompt_file_store(tmp_path, 0.3)
+    with pytest.raises(RuntimeError, match="Timeout waiting for key: never after 300 ms"):
+        store.get("never")
+
+
+@pytest.mark.slow
+def test_cpu_ranks_meet_in_the_prompt_store_even_when_they_arrive_far_apart():
+    ns = run_cells("""
+    import os
+    import sys
+    import time
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    def late(rank, world):
+        rdzv = sys.modules["torch.distributed.rendezvous"]  # what init_process_group asks for its store
+        store = rdzv._create_c10d_store("127.0.0.1", int(os.environ["MASTER_PORT"]), rank, world,
+                                        timedelta(seconds=60))
+        time.sleep(0.3 * rank)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        return type(store).__name__, t.item()
+    """)
+    run = distlab.spawn(ns["late"], args=(2,), nprocs=2, view=None, start="forkserver")
+    assert run.returns == {0: ("PromptStore", 2.0), 1: ("PromptStore", 2.0)}
+
+
+@pytest.mark.slow
+def test_fresh_interpreters_end_cleanly_with_groups_left_up_or_destroyed():
+    """A fresh interpreter tears its gloo groups (and their Python store) down at exit while it is
+    whole: left to finalization, the run aborted with SIGABRT about one time in two."""
+    ns = run_cells("""
+    import torch
+    import torch.distributed as dist
+    def up(rank, world, destroy):
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if destroy:
+            dist.destroy_process_group()
+        return t.item()
+    """)
+    for destroy in (False, True, False, True, False, True):
+        run = distlab.spawn(ns["up"], args=(2, destroy), nprocs=2, view=None, start="spawn")
+        assert run.returns == {0: 2.0, 1: 2.0}

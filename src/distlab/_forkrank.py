@@ -16,7 +16,7 @@ from multiprocessing import forkserver as mp_forkserver
 import psutil  # noqa: F401  (preloaded for worker._loopback_interface)
 import torch
 
-from . import worker
+from . import retired_groups, worker
 from .launchmode import LOG_VARS, rank_environment
 
 
@@ -36,6 +36,7 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     importlib.invalidate_caches()  # files written since the server started must be found
     _fresh_random_state()
     atexit._clear()  # the server's exit handlers are not this rank's
+    retired_groups.ends_with_os_exit()  # multiprocessing ends a forked child with os._exit
     try:
         worker.bootstrap([run_json, target, *target_args], parent_pid=kernel["server_pid"])
     except SystemExit as e:  # `sys.exit(0)` in a script is a success, as under `python`

@@ -42,9 +42,11 @@ import torch.distributed  # noqa: E402,F401
 import torch.distributed.elastic.multiprocessing  # noqa: E402,F401
 
 import distlab._forkrank  # noqa: E402,F401
+import distlab.prompt_store  # noqa: E402
 import distlab.worker  # noqa: E402
 
 distlab.worker._loopback_interface()  # looked up (and cached) once, not by every rank
+distlab.prompt_store._store_class()  # its class made once
 
 try:  # numpy loads numpy.random lazily: imported here once, not in each rank that reseeds it
     import numpy.random  # noqa: F401

@@ -8,14 +8,22 @@ new group can be made at once), but the last reference to each destroyed gloo gr
 here, so the C++ teardown happens when the process ends, with everything else it holds. A forked
 rank ends with ``os._exit``, so it never pays that teardown at all.
 
+A process that ends the normal way (a fresh interpreter) releases them, and destroys a gloo group
+still up, in an ``atexit`` handler, while the interpreter is whole. Torn down later, during
+finalization, a group whose store is a Python object (:mod:`distlab.prompt_store`) aborted the
+process ("terminate called without an active exception": 3 runs in 6).
+
 Only gloo groups are kept: NCCL's ``destroy_process_group`` shuts its communicators down itself,
 and a CUDA group must not be torn down after CUDA is. At most :data:`KEEP` groups wait; an older
 one is then released (and pays its 20 ms), so a rank that makes groups in a loop stays small.
 """
 from __future__ import annotations
 
+import atexit
+
 KEEP = 16
 _KEPT: list = []
+_STATE = {"ends_with_os_exit": False, "at_exit": False}
 
 
 def install() -> None:
@@ -36,6 +44,32 @@ def install() -> None:
     destroy_process_group.__wrapped__ = original
     destroy_process_group._distlab_keeps_gloo = True
     c10d.destroy_process_group = dist.destroy_process_group = destroy_process_group
+    release_at_exit()
+
+
+def ends_with_os_exit() -> None:
+    """This process ends with ``os._exit`` (a forked rank): nothing to release at exit."""
+    _STATE["ends_with_os_exit"] = True
+
+
+def release_at_exit() -> None:
+    """Have :func:`_release` run at exit (once per process)."""
+    if not _STATE["at_exit"]:
+        _STATE["at_exit"] = True
+        atexit.register(_release)
+
+
+def _release() -> None:
+    if _STATE["ends_with_os_exit"]:
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    destroy = getattr(c10d.destroy_process_group, "__wrapped__", c10d.destroy_process_group)
+    try:
+        if c10d.is_initialized() and all(_backend(c10d._world, pg) == "gloo" for pg in c10d._world.pg_map):
+            destroy()
+    finally:
+        _KEPT.clear()
 
 
 def keep(groups: list) -> None:

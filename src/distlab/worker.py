@@ -143,7 +143,17 @@ def _file_store(folder: RunFolder, call: int, world_size, timeout):
     open_private(path, "ab").close()
     store = dist.FileStore(str(path), int(world_size))
     store.set_timeout(timeout)
-    return store
+    if _has_cuda():
+        return store
+    from .prompt_store import prompt_store  # CPU only: see that module for why
+
+    return prompt_store(store)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _check_listener_is_ours(port: int, rank: int) -> None:
