@@ -234,3 +234,14 @@ def test_fresh_interpreters_end_cleanly_with_groups_left_up_or_destroyed():
     for destroy in (False, True, False, True, False, True):
         run = distlab.spawn(ns["up"], args=(2, destroy), nprocs=2, view=None, start="spawn")
         assert run.returns == {0: 2.0, 1: 2.0}
+
+
+def test_a_cpu_build_of_torch_is_seen_as_one_without_accelerators():
+    """The CPU wheel (this suite's) takes the fast paths: CPU-only reseeding and the PromptStore."""
+    import torch
+
+    from distlab import _forkrank, worker
+
+    cpu_wheel = torch.version.cuda is None and torch.version.hip is None and not torch.backends.mps.is_built()
+    assert _forkrank.accelerator_built() is not cpu_wheel
+    assert worker._cuda_built() is (torch.version.cuda is not None or torch.version.hip is not None)

@@ -51,12 +51,12 @@ def _fresh_random_state() -> None:
     so every rank (and every launch) would draw the same "random" numbers. Python's ``random``
     reseeds itself after a fork. CUDA generators are seeded lazily, without touching the GPU.
     Only a ``numpy.random`` the server imported is reseeded (``_forkserver_boot`` does): touching
-    ``numpy.random`` here would import it, which costs a forked rank 10-25 ms. Accelerator
-    generators are reseeded (as ``torch.seed`` does) only where one is present: queueing their
-    lazy seeding costs a rank ~2 ms of stack formatting for nothing on a CPU machine."""
+    ``numpy.random`` here would import it, which costs a forked rank 10-25 ms. A torch built
+    without any accelerator (the CPU wheel) reseeds only its CPU generator: queueing lazy seeds
+    for devices it cannot have cost a rank ~2 ms of stack formatting."""
     import torch
 
-    if any(_available(name) for name in ACCELERATORS):
+    if accelerator_built():
         torch.seed()  # every generator from one fresh seed
     else:
         torch.default_generator.seed()
@@ -65,15 +65,14 @@ def _fresh_random_state() -> None:
         np_random.seed()
 
 
-ACCELERATORS = ("cuda", "mps", "xpu", "mtia")
-
-
-def _available(name: str) -> bool:
-    """Whether torch sees a device of this kind (never initialises it)."""
+def accelerator_built() -> bool:
+    """Whether this torch was built for any accelerator (asked without initialising one: on a
+    CUDA build, ``torch.cuda.is_available()`` would start the CUDA driver in every rank)."""
     try:
-        return bool(getattr(torch, name).is_available())
-    except Exception:
-        return False
+        return bool(torch.backends.cuda.is_built() or torch.backends.mps.is_built() or torch.xpu._is_compiled()
+                    or torch.mtia.is_available())
+    except Exception:  # an API moved: behave as torch.seed() does
+        return True
 
 
 def _close_alive_pipe() -> None:

@@ -143,17 +143,18 @@ def _file_store(folder: RunFolder, call: int, world_size, timeout):
     open_private(path, "ab").close()
     store = dist.FileStore(str(path), int(world_size))
     store.set_timeout(timeout)
-    if _has_cuda():
+    if _cuda_built():
         return store
-    from .prompt_store import prompt_store  # CPU only: see that module for why
+    from .prompt_store import prompt_store  # a torch without CUDA: see that module for why
 
     return prompt_store(store)
 
 
-def _has_cuda() -> bool:
+def _cuda_built() -> bool:
+    """Whether this torch can use CUDA (or ROCm), asked without starting the CUDA driver."""
     import torch
 
-    return torch.cuda.is_available()
+    return torch.backends.cuda.is_built()
 
 
 def _check_listener_is_ours(port: int, rank: int) -> None:
