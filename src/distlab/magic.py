@@ -94,7 +94,7 @@ def ranks_magic(line: str, cell: str):
     if push:
         ranks.push(pushed_values(push, shell.user_ns if shell is not None else {}), ranks=selected, timeout=timeout)
     number = shell.execution_count - 1 if shell is not None else 0  # IPython counts the cell before it runs
-    values = ranks._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout)
+    values = ranks._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout, live=True)
     if isinstance(values, BaseException):
         raise values  # a rank's traceback is in the message; distlab's own frames stay out of the way
     shown = type(values)({r: v for r, v in values.items() if v is not None})

@@ -15,6 +15,8 @@ Rank to kernel::
     ("out", req, stream, text)       printed text, tagged with the call that printed it
     ("done", req, pickled_value)     the call finished; the value may be a Shown placeholder
     ("error", req, name, traceback)  the call raised; traceback shows the user's frames only
+    ("blocked", req, function, ranks) an interrupt found it waiting in torch.distributed.<function>
+                                     for these global ranks (:mod:`distlab.rank_watch`)
     ("ready", pid) / ("start-failed", traceback)   once, at start
 
 Tagging output with the call that printed it is what keeps one cell's output out of another.
@@ -30,7 +32,7 @@ import traceback
 from .capture import Captured
 
 LAUNCH_FRAME = 'File "<string>", line 1 in <module>'
-OUT, DONE, ERROR, READY, START_FAILED = "out", "done", "error", "ready", "start-failed"
+OUT, DONE, ERROR, READY, START_FAILED, BLOCKED = "out", "done", "error", "ready", "start-failed", "blocked"
 EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
 
 
