@@ -32,7 +32,7 @@ STACK_WAIT_S = 1.0
 CLOSE_WAIT_S = 3.0
 SLICE_S = 0.05  # how often a wait looks at the interrupt flag
 PEER_LOST_SIGNS = ("closed by peer", "reset by peer", "likely closed", "Broken pipe", "pair closure")
-RUNTIME_FILES = ("distlab/rank_loop.py", "distlab/worker.py", "threading.py")
+RUNTIME_FILES = ("distlab/rank_loop.py", "distlab/rank_watch.py", "distlab/worker.py", "threading.py")
 
 
 def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spawn"):

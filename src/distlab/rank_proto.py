@@ -32,6 +32,9 @@ import traceback
 from .capture import Captured
 
 LAUNCH_FRAME = 'File "<string>", line 1 in <module>'
+# The outermost frames of a rank forked from distlab's forkserver: how it was started, not where it is.
+FORK_FILES = ("distlab/_forkwarm.py", "multiprocessing/process.py", "multiprocessing/spawn.py",
+              "multiprocessing/forkserver.py")
 OUT, DONE, ERROR, READY, START_FAILED, BLOCKED = "out", "done", "error", "ready", "start-failed", "blocked"
 EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
 
@@ -181,8 +184,8 @@ def clean_stack(dump: str, runtime: tuple[str, ...]) -> str:
             continue
         frames = [_short_path(line.strip()) for line in block[1:]
                   if line.strip() and not any(r in line for r in runtime)]
-        while frames and frames[-1] == LAUNCH_FRAME:
-            frames.pop()  # the `python -c` line that started the rank
+        while frames and (frames[-1] == LAUNCH_FRAME or any(f in frames[-1] for f in FORK_FILES)):
+            frames.pop()  # the `python -c` line, or the fork from the server, that started the rank
         if frames:
             kept.append("\n".join(frames))
     return "\n\n".join(kept)

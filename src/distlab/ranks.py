@@ -319,6 +319,10 @@ class Ranks:
             names = err.plural(conv.still_pending)
             if failures:
                 return f"rank{names['s']} {names['ranks']} stayed blocked after rank {failures[0]} failed"
+            inside = sorted({conv.blocked[r][0] for r in conv.still_pending if r in conv.blocked})
+            if conv.stuck():  # each told us where (distlab.rank_watch)
+                return (f"rank{names['s']} {names['ranks']} stayed blocked in {' and '.join(inside)} after an "
+                        "interrupt, waiting for a rank that had left the call")
             return f"rank{names['s']} {names['ranks']} stayed blocked in C code (a collective?) after an interrupt"
         dead = [r for r, reply in conv.replies.items() if reply[0] == "died"]
         if dead:
