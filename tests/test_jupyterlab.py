@@ -407,6 +407,7 @@ def test_a_ranks_cell_shows_its_ranks_and_limit_while_it_runs_then_how_it_ended(
         nb.shot("ranks-3-succeeded")
         assert "[rank0] 2" in nb.outputs(3) and "distlab:" not in nb.outputs(3), nb.outputs(3)
         assert not nb.errors, nb.errors
+        nb.menu("Kernel", "Shut Down Kernel")  # its warm ranks end with it
     finally:
         nb.close()
 
