@@ -206,6 +206,7 @@ def test_a_timed_out_cell_shows_its_ranks_and_limit_at_once_and_its_error_soon_a
     assert any("limit reached: collecting where each rank is" in text for text in live), live
     assert "timed out at" in live[-1] and "rank 0 blocked in all_reduce" in live[-1], live[-1]
     took = cell["error_at"] - cell["started"]
+    print(f"\n%%ranks --timeout 2, rank 0 stuck in all_reduce: error {took:.2f} s after the cell started")  # pytest -s
     assert took <= 2 + SOON_S + restart_s(kernel), f"limit 2 s, error after {took:.2f} s"
     assert ok(kernel.run("%%ranks\nworld_size"))["result"] == "[rank0] 2\n[rank1] 2"  # restarted
 
