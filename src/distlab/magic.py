@@ -10,7 +10,9 @@
 
 Only cells that start with ``%%ranks`` go to the ranks. Their output appears live in that cell,
 ``[rank1] ...``; each rank's last expression is the cell's value (``{rank: value}``, shown one
-rank per line). A traceback from a rank names the cell and its own line numbers.
+rank per line). A traceback from a rank names the cell and its own line numbers. In JupyterLab the
+cell starts with a status line, redrawn while it runs: its ranks, its limit, each rank's state
+(:mod:`distlab.rank_status`).
 """
 from __future__ import annotations
 
