@@ -40,18 +40,32 @@ STEPS = 30  # lines each rank prints in the live notebook, one every 0.1 s
 # 2-core machine, but ten times that when other jobs share the cores.
 WAIT_S = 150
 
-LIVE_CELLS = [
-    "import time\n\nimport distlab",
-    "def work(rank):\n"
-    f"    for i in range({STEPS}):\n"
-    "        print(f'rank {rank} step {i}', flush=True)\n"
-    "        if rank == 0:\n"
-    f"            distlab.report(step=i + 1, total={STEPS})\n"
-    "        time.sleep(0.1)\n"
-    "    return rank * 10",
-    "res = distlab.spawn(work, nprocs=2)",
-    "assert res.returns == {0: 0, 1: 10}\nprint('returns checked')",
-]
+
+def hold_until(release: Path) -> str:
+    """Lines of a rank function that wait until the test creates ``release`` (at most WAIT_S): the run
+    is certainly still going while the test looks at it, however slow or fast the machine."""
+    return (f"    deadline = time.time() + {WAIT_S}\n"
+            f"    while not os.path.exists({str(release)!r}) and time.time() < deadline:  # the test ends the run\n"
+            "        time.sleep(0.05)\n")
+
+
+def live_cells(release: Path) -> list[str]:
+    """Each rank prints STEPS lines (rank 0 reports progress), then holds until ``release`` exists."""
+    return [
+        "import os\nimport time\n\nimport distlab",
+        "def work(rank):\n"
+        f"    for i in range({STEPS}):\n"
+        "        print(f'rank {rank} step {i}', flush=True)\n"
+        "        if rank == 0:\n"
+        f"            distlab.report(step=i + 1, total={STEPS})\n"
+        "        time.sleep(0.1)\n"
+        + hold_until(release) +
+        "    return rank * 10",
+        "res = distlab.spawn(work, nprocs=2)",
+        "assert res.returns == {0: 0, 1: 10}\nprint('returns checked')",
+    ]
+
+
 FAIL_CELLS = [
     "import time\n\nimport distlab",
     "def boom(rank):\n"
@@ -68,13 +82,25 @@ FAIL_CELLS = [
 ]
 
 SAVE_STEPS = 60  # a run still going when the notebook is saved: one line every 0.2 s
-SAVE_CELLS = [
-    "import time\n\nimport distlab",
-    "def slow(rank):\n"
-    f"    for i in range({SAVE_STEPS}):\n"
-    "        print(f'rank {rank} slow step {i}', flush=True)\n"
-    "        time.sleep(0.2)",
-    "distlab.spawn(slow, nprocs=2)",
+
+
+def save_cells(release: Path) -> list[str]:
+    """A run that prints, then holds until ``release`` exists (the test shuts the kernel down instead)."""
+    return [
+        "import os\nimport time\n\nimport distlab",
+        "def slow(rank):\n"
+        f"    for i in range({SAVE_STEPS}):\n"
+        "        print(f'rank {rank} slow step {i}', flush=True)\n"
+        "        time.sleep(0.2)\n"
+        + hold_until(release).rstrip("\n"),
+        "distlab.spawn(slow, nprocs=2)",
+    ]
+
+RANKS_CELLS = [
+    "%load_ext distlab\nimport distlab\nranks = distlab.Ranks(2)",
+    "%%ranks --timeout 100\nif rank == 0:\n    dist.all_reduce(torch.ones(1))  # rank 1 never calls it",
+    "%%ranks 0 --timeout 1\ndist.all_reduce(torch.ones(1))  # rank 1 is not in this cell",
+    "%%ranks\nworld_size",
 ]
 
 # JupyterLab settings for a quiet, deterministic page: every cell stays in the DOM (no windowing),
@@ -262,22 +288,28 @@ cell => {
 
 # ---------------------------------------------------------------------------------------------- tests
 def test_live_lines_then_a_record_that_survives_save_and_reopen(lab, browser, shots):
-    write_notebook(lab["root"] / "live.ipynb", LIVE_CELLS)
+    """The ranks print their lines, then hold until the test releases them: every look at the live
+    view happens while the cell certainly runs. Lines that reached the page only once the cell had
+    finished would never show before the release, and the first wait would fail."""
+    release = lab["root"] / "live.release"
+    write_notebook(lab["root"] / "live.ipynb", live_cells(release))
     nb = Notebook(browser, lab, "live.ipynb", shots)
     try:
         nb.menu("Run", "Run All Cells")
-        nb.wait(lambda: "rank 0 step 3" in nb.outputs(2), "rank 0's lines in the launching cell")
+        nb.wait(lambda: "rank 0 step 3" in nb.outputs(2), "rank 0's lines in the launching cell, while it runs")
         running = nb.prompt(2)
         nb.shot("1-running")
-        assert running == "[*]:", f"the lines arrived only after the cell finished (prompt {running})"
+        assert running == "[*]:", f"the cell ended before its ranks were released (prompt {running})"
         bars = nb.cell(2).locator(".widget-hprogress")
         nb.wait(lambda: bars.count(), "rank 0's progress bar")
         assert bars.count() == 1 and "rank 0" in bars.first.inner_text()  # only the rank that reports progress
-        nb.wait(lambda: f"rank 0 step {STEPS - 4}" in nb.outputs(2), "more lines than the pane can hold")
-        pane = nb.cell(2).evaluate(PANE_GEOMETRY_JS)
+        nb.wait(lambda: f"rank 0 step {STEPS - 1}" in nb.outputs(2), "every line, more than the pane can hold")
+        pane = nb.wait(lambda: _following(nb.cell(2).evaluate(PANE_GEOMETRY_JS)), "the pane to scroll to its end",
+                       timeout_s=10)
         nb.shot("1b-following-the-tail")
         assert nb.prompt(2) == "[*]:" and pane["overflowing"], pane
-        assert pane["endInView"], f"the pane does not show its latest line: {pane}"
+        assert pane["last"] == f"rank 0 step {STEPS - 1}", f"the pane does not show its latest line: {pane}"
+        release.touch()
         nb.wait(lambda: "returns checked" in nb.outputs(3), "the run to finish and its returns checked")
         nb.shot("2-done")
         launch = nb.outputs(2)
@@ -341,11 +373,56 @@ def test_a_failure_shows_the_failed_rank_first_and_interrupt_leaves_no_worker(la
         nb.close()
 
 
+def test_a_ranks_cell_shows_its_ranks_and_limit_while_it_runs_then_how_it_ended(lab, browser, shots):
+    """The line a %%ranks cell starts with: live while the cell runs (a rank that prints nothing is
+    shown running), kept above the error of a cell cut short, emptied after a cell that succeeds.
+    The running cell is ended by Kernel > Interrupt, when the test has seen what it needs."""
+    write_notebook(lab["root"] / "ranks.ipynb", RANKS_CELLS)
+    nb = Notebook(browser, lab, "ranks.ipynb", shots)
+    try:
+        nb.run_cell(0)
+        nb.wait(lambda: nb.finished(0), "the warm ranks to start")
+        nb.run_cell(1)
+        line = nb.wait(lambda: _status_line(nb.outputs(1), "rank 1 done in"), "the status line, rank 1 done")
+        nb.shot("ranks-1-running")
+        assert nb.prompt(1) == "[*]:", f"the status line was seen only after the cell ended: {line}"
+        assert line.startswith("distlab: ranks 0, 1 · limit 100 s · ") and "rank 0 running" in line, line
+        nb.menu("Kernel", "Interrupt Kernel")
+        nb.wait(lambda: nb.finished(1), "the interrupted cell to end")
+        nb.shot("ranks-2-interrupted")
+        out = nb.outputs(1)
+        line = _status_line(out, "interrupted at")
+        assert line and "rank 0 blocked in all_reduce" in line, out[:1500]
+        assert out.index(line) < out.index("was interrupted on rank 0"), out[:1500]
+
+        nb.run_cell(2)
+        nb.wait(lambda: nb.finished(2), "the timed-out cell to end")
+        out = nb.outputs(2)
+        line = _status_line(out, "timed out at")
+        assert line and line.startswith("distlab: rank 0 · limit 1 s · ") and "blocked in all_reduce" in line, out
+        assert "did not finish within timeout=1.0s on rank 0." in out
+
+        nb.run_cell(3)
+        nb.wait(lambda: nb.finished(3), "a cell on the restarted ranks")
+        nb.shot("ranks-3-succeeded")
+        assert "[rank0] 2" in nb.outputs(3) and "distlab:" not in nb.outputs(3), nb.outputs(3)
+        assert not nb.errors, nb.errors
+        nb.menu("Kernel", "Shut Down Kernel")  # its warm ranks end with it
+    finally:
+        nb.close()
+
+
+def _status_line(text: str, containing: str) -> str | None:
+    """The %%ranks status line in a cell's output text, once it contains ``containing``."""
+    return next((line for line in text.splitlines() if line.startswith("distlab: rank") and containing in line),
+                None)
+
+
 SAVED_COPY_JS = "cell => [...cell.querySelectorAll('details.distlab-saved')].map(e => e.textContent).join('\\n')"
 
 
 def test_a_notebook_saved_while_a_run_is_live_shows_what_it_had_printed_when_reopened(lab, browser, shots):
-    write_notebook(lab["root"] / "saved-live.ipynb", SAVE_CELLS)
+    write_notebook(lab["root"] / "saved-live.ipynb", save_cells(lab["root"] / "saved-live.release"))
     nb = Notebook(browser, lab, "saved-live.ipynb", shots)
     try:
         nb.menu("Run", "Run All Cells")
@@ -385,6 +462,11 @@ def test_a_chapter_opens_unmodified(lab, browser, shots):
         assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), "the chapter opened marked modified"
     finally:
         nb.close()
+
+
+def _following(pane: dict) -> dict | None:
+    """The pane's geometry once its last line is in view (a redraw may still be on its way)."""
+    return pane if pane.get("found") and pane["endInView"] else None
 
 
 def _saved_outputs(path: Path) -> str:

@@ -235,8 +235,11 @@ def fragile():
 def test_a_blocked_collective_times_out_with_stacks_and_the_ranks_restart(fragile):
     fragile.exec("v = 1")
     before = fragile.pids
+    began = time.monotonic()
     with pytest.raises(err.RanksTimeoutError) as info:
         fragile.exec("if rank == 0:\n    dist.all_reduce(torch.ones(1))\n", timeout=5)
+    took = time.monotonic() - began
+    assert took <= 5 + 1.0 + fragile.start_s, f"rank 0, stuck for good, was waited for: {took:.2f} s"
     e = info.value
     assert not e.usable and e.stacks[1] == "(finished this call)"
     assert "in all_reduce" in e.stacks[0] and '", line 2 in <module>' in e.stacks[0]

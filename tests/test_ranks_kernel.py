@@ -1,5 +1,6 @@
 """The %%ranks magic in a real Jupyter kernel (jupyter_client), as a notebook frontend drives it."""
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -14,21 +15,34 @@ from distlab import rank_errors as err
 pytestmark = pytest.mark.slow
 NOTEBOOK = Path(__file__).with_name("ranks_magic.ipynb")
 
+# A cell cut short (a limit, an interrupt) shows its error within this, plus the ranks' restart when
+# one is needed: collecting the stacks takes ~0.05 s on an idle machine. Before distlab learnt that a
+# rank stuck in a collective reports it (distlab.rank_watch), each stuck rank was waited for 2 s.
+SOON_S = 1.0
+
 
 class Kernel:
-    """A kernel and a client; ``run`` sends a cell and gathers what a notebook would show."""
+    """A kernel and a client; ``run`` sends a cell and gathers what a notebook would show.
 
-    def __init__(self):
+    ``live``: the kernel believes a Jupyter server started it, as JupyterLab's kernels do
+    (JPY_SESSION_NAME), so %%ranks cells draw their status line.
+    """
+
+    def __init__(self, live: bool = False):
         from jupyter_client.manager import start_new_kernel
 
-        self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=180)
+        env = {**os.environ, **({"JPY_SESSION_NAME": "ranks-test.ipynb"} if live else {})}
+        self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=180, env=env)
 
     def send(self, code: str) -> str:
         return self.kc.execute(code)
 
     def collect(self, msg_id: str, timeout: float = 300, until=None) -> dict:
-        """Messages of one cell until the kernel is idle (or ``until(cell)`` is true)."""
-        cell = {"streams": [], "result": None, "error": None, "count": None}
+        """Messages of one cell until the kernel is idle (or ``until(cell)`` is true), with the
+        time each arrived: ``started`` (the cell began), ``displays`` (each draw of a display:
+        time, display id, text) and ``error_at``."""
+        cell = {"streams": [], "result": None, "error": None, "count": None, "displays": [], "started": None,
+                "error_at": None}
         while True:
             msg = self.kc.get_iopub_msg(timeout=timeout)
             if msg["parent_header"].get("msg_id") != msg_id:
@@ -39,9 +53,12 @@ class Kernel:
             elif kind == "execute_result":
                 cell["result"], cell["count"] = content["data"]["text/plain"], content["execution_count"]
             elif kind == "error":
-                cell["error"] = (content["ename"], content["evalue"])
+                cell["error"], cell["error_at"] = (content["ename"], content["evalue"]), time.monotonic()
             elif kind == "execute_input":
-                cell["count"] = content["execution_count"]
+                cell["count"], cell["started"] = content["execution_count"], time.monotonic()
+            elif kind in ("display_data", "update_display_data"):
+                cell["displays"].append((time.monotonic(), content["transient"].get("display_id"),
+                                         content["data"].get("text/plain", "")))
             elif kind == "status" and content["execution_state"] == "idle":
                 return cell
             if until is not None and until(cell):
@@ -69,7 +86,7 @@ def ok(cell: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
+    k = Kernel(live=True)  # as in JupyterLab
     ok(k.run("%load_ext distlab\nimport distlab\nranks = distlab.Ranks(2)"))
     yield k
     k.run("ranks.close()")
@@ -153,13 +170,62 @@ def test_kernel_interrupt_stops_a_sleeping_cell_and_keeps_the_ranks(kernel):
 def test_kernel_interrupt_in_a_blocked_collective_restarts_the_ranks(kernel):
     msg_id = kernel.send("%%ranks\nprint('in')\nif rank == 0:\n    dist.all_reduce(torch.ones(1))")
     started = kernel.wait_for_text(msg_id, "in", 2)
+    interrupted = time.monotonic()
     kernel.km.interrupt_kernel()
-    name, value = kernel.collect(msg_id)["error"]
+    cell = kernel.collect(msg_id)
+    name, value = cell["error"]
+    assert cell["error_at"] - interrupted <= SOON_S + restart_s(kernel), "a stuck rank was waited for"
     assert name == "KeyboardInterrupt" and "in all_reduce" in value
     assert f'File "Cell In[{started["count"]}]", line 4 in <module>' in value
     assert "so the ranks were restarted: every variable on them is lost" in value
     cell = ok(kernel.run("%%ranks\n'keep' in globals(), world_size"))
     assert cell["result"] == "[rank0] (False, 2)\n[rank1] (False, 2)"
+
+
+def restart_s(kernel) -> float:
+    """How long the last (re)start of the kernel's ranks took, by their own clock."""
+    return float(ok(kernel.run("ranks.start_s"))["result"])
+
+
+def status_lines(cell: dict, before: float | None = None) -> list[str]:
+    return [text for t, _, text in cell["displays"] if before is None or t < before]
+
+
+def test_a_timed_out_cell_shows_its_ranks_and_limit_at_once_and_its_error_soon_after_the_limit(kernel):
+    cell = kernel.run("%%ranks --timeout 2\nif rank == 0:\n    dist.all_reduce(torch.ones(1))  # rank 1 never calls it")
+    assert cell["error"][0] == "RanksTimeoutError" and "in all_reduce" in cell["error"][1]
+    assert "(rank 0 stayed blocked in all_reduce after an interrupt, waiting for a rank that had left the call)" \
+        in cell["error"][1]
+    assert "_forkwarm" not in cell["error"][1] and "rank_watch" not in cell["error"][1]  # how it started: noise
+    first_at, display_id, first = cell["displays"][0]
+    assert first_at - cell["started"] < 1.0, "the cell stayed blank"
+    assert first.startswith("distlab: ranks 0, 1 · limit 2 s · "), first
+    assert {d for _, d, _ in cell["displays"]} == {display_id}, "one line, redrawn in place"
+    live = status_lines(cell, before=cell["error_at"])
+    assert any("rank 0 running · rank 1 done in" in text for text in live), live  # silent, yet visibly running
+    assert any("limit reached: collecting where each rank is" in text for text in live), live
+    assert "timed out at" in live[-1] and "rank 0 blocked in all_reduce" in live[-1], live[-1]
+    took = cell["error_at"] - cell["started"]
+    print(f"\n%%ranks --timeout 2, rank 0 stuck in all_reduce: error {took:.2f} s after the cell started")  # pytest -s
+    assert took <= 2 + SOON_S + restart_s(kernel), f"limit 2 s, error after {took:.2f} s"
+    assert ok(kernel.run("%%ranks\nworld_size"))["result"] == "[rank0] 2\n[rank1] 2"  # restarted
+
+
+def test_a_subset_stuck_in_a_collective_is_cut_at_its_limit(kernel):
+    cell = kernel.run("%%ranks 0 --timeout 1\ndist.all_reduce(torch.ones(1))  # rank 1 is not in this cell")
+    assert cell["error"][0] == "RanksTimeoutError" and "on rank 0." in cell["error"][1]
+    assert status_lines(cell)[0].startswith("distlab: rank 0 · limit 1 s · ")
+    assert cell["error_at"] - cell["started"] <= 1 + SOON_S + restart_s(kernel)
+
+
+def test_the_status_line_ticks_while_ranks_are_silent_and_empties_when_the_cell_succeeds(kernel):
+    cell = ok(kernel.run("%%ranks\nimport time\ntime.sleep(1.2)\nrank"))
+    lines = status_lines(cell)
+    assert lines[0].startswith("distlab: ranks 0, 1 · limit none · 0.0 s · rank 0 running · rank 1 running"), lines
+    ticking = re.compile(r"limit none · ([\d.]+) s · rank 0 running · rank 1 running")
+    clock = [float(m) for m in ticking.findall("\n".join(lines))]
+    assert len(set(clock)) >= 3 and clock == sorted(clock) and max(clock) >= 0.7, lines  # the clock moves
+    assert lines[-1] == "" and cell["result"] == "[rank0] 0\n[rank1] 1" and cell["streams"] == []
 
 
 def alive(pids):

@@ -133,6 +133,30 @@ def test_clean_stack_keeps_the_users_frames_only():
                     'File "Cell In[5]", line 3 in <module>')
 
 
+FORKED_DUMP = """Thread 0x00007f03 (most recent call first):
+  File "/src/distlab/rank_watch.py", line 44 in _watch
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007f04 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "Cell In[3]", line 2 in <module>
+  File "/src/distlab/rank_loop.py", line 120 in _exec
+  File "/src/distlab/_forkwarm.py", line 37 in run_warm_rank
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run
+  File "/usr/lib/python3.11/multiprocessing/process.py", line 314 in _bootstrap
+  File "/usr/lib/python3.11/multiprocessing/spawn.py", line 135 in _main
+  File "/usr/lib/python3.11/multiprocessing/forkserver.py", line 313 in _serve_one
+  File "/usr/lib/python3.11/multiprocessing/forkserver.py", line 274 in main
+"""
+
+
+def test_clean_stack_of_a_forked_rank_drops_the_fork_and_the_interrupt_watch():
+    from distlab.rank_group import RUNTIME_FILES
+
+    assert proto.clean_stack(FORKED_DUMP, RUNTIME_FILES) == (
+        'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce\nFile "Cell In[3]", line 2 in <module>')
+
+
 def test_user_traceback_drops_runtime_frames():
     def runtime_frame():
         exec(compile("\n\n1 / 0\n", "Cell In[2]", "exec"), {})

@@ -229,16 +229,24 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def widgets_can_render(environ=None) -> bool:
-    """Best guess whether a frontend will draw widgets: a kernel started by a Jupyter server
-    (JupyterLab/Notebook set JPY_SESSION_NAME) with ipywidgets installed. nbclient (CI, the book
-    build) and terminals get the text stream, which every frontend shows."""
-    import importlib.util
+def live_frontend(environ=None) -> bool:
+    """Best guess whether someone watches cells run: a kernel started by a Jupyter server
+    (JupyterLab/Notebook set JPY_SESSION_NAME). nbclient (CI, the book build) and terminals
+    do not: they keep (or print) every state a live display goes through."""
     import os
 
     environ = os.environ if environ is None else environ
     in_kernel = "ipykernel" in sys.modules and sys.modules["ipykernel"] is not None
-    return in_kernel and "JPY_SESSION_NAME" in environ and importlib.util.find_spec("ipywidgets") is not None
+    return in_kernel and "JPY_SESSION_NAME" in environ
+
+
+def widgets_can_render(environ=None) -> bool:
+    """Best guess whether a frontend will draw widgets: a live Jupyter frontend (:func:`live_frontend`)
+    with ipywidgets installed. nbclient (CI, the book build) and terminals get the text stream,
+    which every frontend shows."""
+    import importlib.util
+
+    return live_frontend(environ) and importlib.util.find_spec("ipywidgets") is not None
 
 
 def make_view(view, world_size: int):

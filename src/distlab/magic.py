@@ -10,7 +10,9 @@
 
 Only cells that start with ``%%ranks`` go to the ranks. Their output appears live in that cell,
 ``[rank1] ...``; each rank's last expression is the cell's value (``{rank: value}``, shown one
-rank per line). A traceback from a rank names the cell and its own line numbers.
+rank per line). A traceback from a rank names the cell and its own line numbers. In JupyterLab the
+cell starts with a status line, redrawn while it runs: its ranks, its limit, each rank's state
+(:mod:`distlab.rank_status`).
 """
 from __future__ import annotations
 
@@ -94,7 +96,7 @@ def ranks_magic(line: str, cell: str):
     if push:
         ranks.push(pushed_values(push, shell.user_ns if shell is not None else {}), ranks=selected, timeout=timeout)
     number = shell.execution_count - 1 if shell is not None else 0  # IPython counts the cell before it runs
-    values = ranks._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout)
+    values = ranks._exec(cell_source(cell), f"Cell In[{number}]", f"Cell In[{number}]", selected, timeout, live=True)
     if isinstance(values, BaseException):
         raise values  # a rank's traceback is in the message; distlab's own frames stay out of the way
     shown = type(values)({r: v for r, v in values.items() if v is not None})

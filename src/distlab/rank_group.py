@@ -22,6 +22,7 @@ from pathlib import Path
 from . import privtmp
 from . import rank_errors as err
 from . import rank_proto as proto
+from .rank_status import NO_STATUS
 from .runfolder import open_private
 
 START_TIMEOUT_S = 300.0
@@ -31,7 +32,7 @@ STACK_WAIT_S = 1.0
 CLOSE_WAIT_S = 3.0
 SLICE_S = 0.05  # how often a wait looks at the interrupt flag
 PEER_LOST_SIGNS = ("closed by peer", "reset by peer", "likely closed", "Broken pipe", "pair closure")
-RUNTIME_FILES = ("distlab/rank_loop.py", "distlab/worker.py", "threading.py")
+RUNTIME_FILES = ("distlab/rank_loop.py", "distlab/rank_watch.py", "distlab/worker.py", "threading.py")
 
 
 def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spawn"):
@@ -299,15 +300,17 @@ class Conversation:
 
     ``wait`` ends when every rank replied, or early: ``reason`` is then ``"timeout"``,
     ``"interrupt"`` (the flag a SIGINT sets) or ``"blocked"`` (ranks still busy
-    FAILURE_GRACE_S after another rank failed).
+    FAILURE_GRACE_S after another rank failed). ``status`` hears of each reply and each tick
+    (a %%ranks cell's status line, :mod:`distlab.rank_status`).
     """
 
-    def __init__(self, group: RankGroup, req: int, ranks: list[int], late: dict[int, str], flag):
-        self.group, self.req, self.ranks, self.flag = group, req, ranks, flag
+    def __init__(self, group: RankGroup, req: int, ranks: list[int], late: dict[int, str], flag, status=NO_STATUS):
+        self.group, self.req, self.ranks, self.flag, self.status = group, req, ranks, flag, status
         self.sink = OutputSink(req, late)
         self.replies: dict[int, tuple] = {}
         self.pending = set(ranks)
         self.still_pending: set[int] = set()
+        self.blocked: dict[int, tuple[str, list[int]]] = {}  # rank -> (function, the ranks it waits for)
         self.reason: str | None = None
         self._arrival: list[int] = []
         self._before_break = 0
@@ -335,17 +338,28 @@ class Conversation:
                 break
             self._receive(SLICE_S if timeout is None else min(SLICE_S, max(0.0, start + timeout - now)))
             self.sink.tick()
+            self.status.tick()
             if failed_at is None and self.failures():
                 failed_at = time.monotonic()
         self._before_break = len(self._arrival)
 
     def wait_after_interrupt(self) -> None:
-        """After SIGINT to the busy ranks: collect whoever comes back within INTERRUPT_WAIT_S."""
+        """After SIGINT to the busy ranks: collect whoever comes back within INTERRUPT_WAIT_S, and
+        stop waiting as soon as every rank still busy is stuck for good (:meth:`stuck`)."""
         deadline = time.monotonic() + INTERRUPT_WAIT_S
-        while self.pending and time.monotonic() < deadline:
+        while self.pending and time.monotonic() < deadline and not self.stuck():
             self._receive(SLICE_S)
             self.sink.tick()
+            self.status.tick()
         self.still_pending = set(self.pending)
+
+    def stuck(self) -> bool:
+        """Every busy rank reported waiting in a collective (or a send/recv) for a rank that has
+        left this call: that rank replied, or was never in it, so it will not join, and the wait
+        can never end (:mod:`distlab.rank_watch`)."""
+        return bool(self.pending) and all(
+            rank in self.blocked and any(peer not in self.pending for peer in self.blocked[rank][1])
+            for rank in self.pending)
 
     def failures(self) -> list[int]:
         """Ranks that raised or died before the call was cut short, the likely root cause first.
@@ -371,6 +385,10 @@ class Conversation:
                 msg = self._death(rank)
             if msg[0] == proto.OUT:
                 self.sink.write(rank, msg[1], msg[2], msg[3])
+            elif msg[0] == proto.BLOCKED:
+                if msg[1] == self.req:
+                    self.blocked[rank] = (msg[2], msg[3])
+                    self.status.blocked(rank, msg[2])
             elif msg[0] == "died" or msg[1] == self.req:
                 self._record(rank, (msg[0], msg[1], proto.load_value(msg[2])) if msg[0] == proto.DONE else msg)
 
@@ -378,6 +396,7 @@ class Conversation:
         self.replies[rank] = msg
         self.pending.discard(rank)
         self._arrival.append(rank)
+        self.status.finished(rank, msg[0])
 
     def _death(self, rank: int) -> tuple:
         return ("died", self.req, self.group.exit_code(rank), self.group.log_tail(rank))

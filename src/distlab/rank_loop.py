@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from . import rank_proto as proto
+from . import rank_watch
 from .runfolder import open_private
 from .worker import _die_with_parent
 
@@ -39,6 +40,7 @@ def main() -> None:
     except BaseException as e:
         sender.send((proto.START_FAILED, proto.user_traceback(e, RUNTIME_FILES)))
         os._exit(1)
+    rank_watch.start(sender, _state)  # an interrupt that finds the rank stuck in a collective is reported at once
     _track_thread_starts()
     sys.stdout, sys.stderr = RankStream(sender, "stdout"), RankStream(sender, "stderr")
     sender.send((proto.READY, os.getpid()))

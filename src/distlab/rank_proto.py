@@ -15,6 +15,8 @@ Rank to kernel::
     ("out", req, stream, text)       printed text, tagged with the call that printed it
     ("done", req, pickled_value)     the call finished; the value may be a Shown placeholder
     ("error", req, name, traceback)  the call raised; traceback shows the user's frames only
+    ("blocked", req, function, ranks) an interrupt found it waiting in torch.distributed.<function>
+                                     for these global ranks (:mod:`distlab.rank_watch`)
     ("ready", pid) / ("start-failed", traceback)   once, at start
 
 Tagging output with the call that printed it is what keeps one cell's output out of another.
@@ -30,7 +32,10 @@ import traceback
 from .capture import Captured
 
 LAUNCH_FRAME = 'File "<string>", line 1 in <module>'
-OUT, DONE, ERROR, READY, START_FAILED = "out", "done", "error", "ready", "start-failed"
+# The outermost frames of a rank forked from distlab's forkserver: how it was started, not where it is.
+FORK_FILES = ("distlab/_forkwarm.py", "multiprocessing/process.py", "multiprocessing/spawn.py",
+              "multiprocessing/forkserver.py")
+OUT, DONE, ERROR, READY, START_FAILED, BLOCKED = "out", "done", "error", "ready", "start-failed", "blocked"
 EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
 
 
@@ -179,8 +184,8 @@ def clean_stack(dump: str, runtime: tuple[str, ...]) -> str:
             continue
         frames = [_short_path(line.strip()) for line in block[1:]
                   if line.strip() and not any(r in line for r in runtime)]
-        while frames and frames[-1] == LAUNCH_FRAME:
-            frames.pop()  # the `python -c` line that started the rank
+        while frames and (frames[-1] == LAUNCH_FRAME or any(f in frames[-1] for f in FORK_FILES)):
+            frames.pop()  # the `python -c` line, or the fork from the server, that started the rank
         if frames:
             kept.append("\n".join(frames))
     return "\n\n".join(kept)

@@ -24,7 +24,11 @@ from . import rank_errors as err
 from . import rank_proto as proto
 from .errors import LaunchArgumentError
 from .rank_group import Conversation, RankGroup, start_group
+from .rank_status import NO_STATUS, CallStatus, LiveStatus
 
+COLLECTING = {"timeout": "limit reached: collecting where each rank is…",
+              "interrupt": "interrupted: collecting where each rank is…",
+              "blocked": "a rank failed: collecting where the others are…"}
 PROBE_TIMEOUT_S = 10.0  # the health check: one all-reduce on every rank
 _current: list = []  # weak references to open Ranks, the last started last (what %%ranks uses)
 
@@ -151,11 +155,11 @@ class Ranks:
             raise outcome  # from here: the traceback shows the caller's line, not distlab's insides
         return outcome
 
-    def _exec(self, source: str, filename: str, where: str, ranks, timeout):
+    def _exec(self, source: str, filename: str, where: str, ranks, timeout, live: bool = False):
         """``{rank: value}``, or the exception to raise (the caller raises it: a shorter traceback)."""
         selected, limit = self._selection(ranks), self._limit(timeout)
         proto.compile_cell(source, filename)  # a SyntaxError is raised here, before any rank sees it
-        return self._call((proto.EXEC, source, filename), selected, limit, where)
+        return self._call((proto.EXEC, source, filename), selected, limit, where, live=live)
 
     def run(self, fn, *args, ranks=None, timeout=DEFAULT) -> proto.RankValues:
         """Call notebook function ``fn(*args)`` on every rank (or ``ranks``); ``{rank: return value}``.
@@ -242,29 +246,44 @@ class Ranks:
             raise err.RanksBusyError(err.BUSY)
         return _Release(self._lock)
 
-    def _call(self, message: tuple | None, selected: list[int], timeout, where: str, each: dict | None = None):
-        """Send ``message`` to the selected ranks (or ``each[rank]`` to each) and wait for every reply."""
+    def _call(self, message: tuple | None, selected: list[int], timeout, where: str, each: dict | None = None,
+              live: bool = False):
+        """Send ``message`` to the selected ranks (or ``each[rank]`` to each) and wait for every reply.
+
+        ``live``: show the call's status line while it runs (%%ranks cells, :mod:`distlab.rank_status`).
+        """
         with self._guard():
             if self._group is None:
                 return err.RanksStoppedError(err.CLOSED if self.state == "closed" else
                                              err.STOPPED.format(why=self._stopped_why))
-            with _InterruptFlag() as flag:
-                conv = Conversation(self._group, next(self._requests), selected, self.late_output, flag)
-                if each is None:
-                    conv.send(message[0], *message[1:])
-                else:
-                    send_each(conv, each)
-                conv.wait(timeout)
-                problem = self._conclude(conv, where, timeout)
-            if problem is None:
-                return proto.RankValues({r: conv.replies[r][2] for r in selected})
-            if problem[0] == "restart":
-                try:
-                    self._start()  # outside the interrupt flag: a second Kernel > Interrupt stops it
-                except BaseException as e:
-                    e.__cause__ = problem[1]
-                    return e
-            return problem[1]
+            status = live_status(selected, timeout) if live else NO_STATUS
+            try:
+                outcome = self._converse(message, selected, timeout, where, each, status)
+            except BaseException:
+                status.end("failed")
+                raise
+            status.end(None if isinstance(outcome, proto.RankValues) else ended_how(outcome))
+            return outcome
+
+    def _converse(self, message, selected: list[int], timeout, where: str, each, status):
+        with _InterruptFlag() as flag:
+            conv = Conversation(self._group, next(self._requests), selected, self.late_output, flag, status)
+            if each is None:
+                conv.send(message[0], *message[1:])
+            else:
+                send_each(conv, each)
+            conv.wait(timeout)
+            problem = self._conclude(conv, where, timeout)
+        if problem is None:
+            return proto.RankValues({r: conv.replies[r][2] for r in selected})
+        if problem[0] == "restart":
+            status.phase("restarting the ranks…")
+            try:
+                self._start()  # outside the interrupt flag: a second Kernel > Interrupt stops it
+            except BaseException as e:
+                e.__cause__ = problem[1]
+                return e
+        return problem[1]
 
     # --- after a failure, a timeout or an interrupt ---------------------------------------------
 
@@ -272,6 +291,7 @@ class Ranks:
         """Recover what can be recovered; None when the call succeeded, else (action, error)."""
         stacks = {}
         if conv.pending:
+            conv.status.phase(COLLECTING[conv.reason])
             stacks = self._group.dump_stacks(sorted(conv.pending))
             self._group.interrupt(sorted(conv.pending))
             conv.wait_after_interrupt()
@@ -299,6 +319,10 @@ class Ranks:
             names = err.plural(conv.still_pending)
             if failures:
                 return f"rank{names['s']} {names['ranks']} stayed blocked after rank {failures[0]} failed"
+            inside = sorted({conv.blocked[r][0] for r in conv.still_pending if r in conv.blocked})
+            if conv.stuck():  # each told us where (distlab.rank_watch)
+                return (f"rank{names['s']} {names['ranks']} stayed blocked in {' and '.join(inside)} after an "
+                        "interrupt, waiting for a rank that had left the call")
             return f"rank{names['s']} {names['ranks']} stayed blocked in C code (a collective?) after an interrupt"
         dead = [r for r, reply in conv.replies.items() if reply[0] == "died"]
         if dead:
@@ -338,6 +362,20 @@ def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, t
         return err.RanksTimeoutError(text, everyone, usable)
     return KeyboardInterrupt(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
                                                     state=state, **names))
+
+
+def live_status(selected: list[int], limit):
+    """A status line for the cell, where a Jupyter frontend draws it as the cell runs."""
+    from .display import live_frontend
+
+    return LiveStatus(CallStatus(selected, limit)) if live_frontend() else NO_STATUS
+
+
+def ended_how(error: BaseException) -> str:
+    """How a call that raised ``error`` ended, in the words of its status line."""
+    if isinstance(error, err.RanksTimeoutError):
+        return "timed out"
+    return "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
 
 
 def send_each(conv: Conversation, messages: dict[int, tuple]) -> None:

@@ -1,0 +1,184 @@
+"""A %%ranks cell's status line, and how the kernel knows at once that an interrupted rank is stuck.
+No processes: a fake clock, a fake display, a fake ``torch.distributed`` and a thread standing
+in for a rank's main thread blocked in C code."""
+import signal
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from distlab import rank_status as rs
+from distlab import rank_watch
+from distlab.display import live_frontend
+from distlab.rank_group import Conversation
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class Shower:
+    """What IPython's display would have shown: every (action, text, display id)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def show(self, bundle, display_id):
+        self.calls.append(("show", bundle["text/plain"], display_id))
+
+    def replace(self, bundle, display_id):
+        self.calls.append(("replace", bundle["text/plain"], display_id))
+
+    def texts(self):
+        return [text for _, text, _ in self.calls]
+
+
+def live(ranks=(0, 1), limit=2.0):
+    clock, shower = Clock(), Shower()
+    return rs.LiveStatus(rs.CallStatus(list(ranks), limit, clock), shower), clock, shower
+
+
+def test_the_line_appears_at_once_with_the_ranks_and_the_limit():
+    _, _, shower = live()
+    assert shower.calls == [("show", "distlab: ranks 0, 1 · limit 2 s · 0.0 s · rank 0 running · rank 1 running",
+                             shower.calls[0][2])]
+    _, _, shower = live(ranks=[1], limit=None)
+    assert shower.texts() == ["distlab: rank 1 · limit none · 0.0 s · rank 1 running"]
+
+
+def test_the_clock_and_each_ranks_state_are_redrawn_in_place_at_most_every_refresh():
+    status, clock, shower = live()
+    clock.now += 0.1
+    status.finished(1, "done")
+    status.tick()
+    assert len(shower.calls) == 1  # too soon: no redraw for every reply or every wait slice
+    clock.now += rs.REFRESH_S
+    status.tick()
+    assert shower.calls[-1][:2] == ("replace", "distlab: ranks 0, 1 · limit 2 s · 0.3 s · rank 0 running · "
+                                               "rank 1 done in 0.10 s")
+    assert {call[2] for call in shower.calls} == {shower.calls[0][2]}  # one output, updated in place
+    status.tick()
+    assert len(shower.calls) == 2  # nothing changed, nothing sent
+
+
+def test_after_the_limit_each_step_is_shown_at_once_and_the_end_stays():
+    status, clock, shower = live()
+    clock.now = 100.01
+    status.finished(1, "done")
+    clock.now = 102.0
+    status.phase("limit reached: collecting where each rank is…")
+    assert shower.texts()[-1] == ("distlab: ranks 0, 1 · limit 2 s · 2.0 s · limit reached: collecting where each "
+                                  "rank is… · rank 0 running · rank 1 done in 0.01 s")
+    status.blocked(0, "all_reduce")
+    clock.now = 102.05
+    status.phase("restarting the ranks…")
+    clock.now = 102.1
+    status.end("timed out")
+    assert shower.texts()[-1] == ("distlab: ranks 0, 1 · limit 2 s · timed out at 2.10 s · rank 0 blocked in "
+                                  "all_reduce · rank 1 done in 0.01 s")
+
+
+def test_an_interrupted_rank_is_stopped_not_raised_and_a_success_empties_the_line():
+    status, clock, shower = live()
+    clock.now += 0.5
+    status.finished(1, "error")
+    status.phase("interrupted: collecting where each rank is…")
+    status.finished(0, "error")
+    status.end("interrupted")
+    assert shower.texts()[-1].endswith("interrupted at 0.50 s · rank 0 stopped at 0.50 s · rank 1 raised at 0.50 s")
+    status, clock, shower = live()
+    status.end(None)
+    assert shower.calls[-1][:2] == ("replace", "")  # the cell looks as it did before the status line existed
+
+
+def test_only_a_kernel_of_a_jupyter_server_gets_the_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipykernel", SimpleNamespace())
+    assert live_frontend({"JPY_SESSION_NAME": "nb.ipynb"})  # JupyterLab / Notebook
+    assert not live_frontend({})  # nbclient (CI, the book build) keeps every state it is sent
+    monkeypatch.delitem(sys.modules, "ipykernel")
+    assert not live_frontend({"JPY_SESSION_NAME": "x"})  # a terminal prints every update
+
+
+# ------------------------------------------------------------------------------------------ stuck ranks
+def conversation(pending, blocked):
+    conv = Conversation(SimpleNamespace(conns=[None] * 3), 7, [0, 1, 2], {}, SimpleNamespace(raised=False))
+    conv.pending = set(pending)
+    conv.blocked = blocked
+    return conv
+
+
+def test_a_rank_waiting_for_a_rank_that_left_the_call_is_stuck_for_good():
+    assert conversation({0}, {0: ("all_reduce", [0, 1, 2])}).stuck()  # 1 and 2 replied: they will not join
+    assert conversation({0, 2}, {0: ("recv", [1]), 2: ("barrier", [0, 1, 2])}).stuck()
+
+
+def test_ranks_that_may_still_meet_or_did_not_say_are_waited_for():
+    assert not conversation({0, 1}, {0: ("all_reduce", [0, 1]), 1: ("all_reduce", [0, 1])}).stuck()
+    assert not conversation({0, 1}, {0: ("all_reduce", [0, 1, 2])}).stuck()  # rank 1 may still come back
+    assert not conversation(set(), {}).stuck()
+
+
+def fake_dist(monkeypatch, groups):
+    dist = SimpleNamespace(get_process_group_ranks=lambda group: groups[group])
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+
+
+def test_waited_for_reads_the_group_or_the_peer(monkeypatch):
+    fake_dist(monkeypatch, {None: [0, 1, 2, 3], "evens": [0, 2]})
+    assert rank_watch.waited_for("all_reduce", {"group": None}) == [0, 1, 2, 3]
+    assert rank_watch.waited_for("broadcast", {"group": "evens", "src": 2}) == [0, 2]  # a collective: its group
+    assert rank_watch.waited_for("recv", {"group": None, "src": 3, "group_src": None}) == [3]
+    assert rank_watch.waited_for("send", {"group": "evens", "dst": None, "group_dst": 1}) == [2]
+    assert rank_watch.waited_for("recv", {"group": None, "src": None, "group_src": None}) == [0, 1, 2, 3]
+    assert rank_watch.waited_for("all_reduce", {"group": "unknown"}) is None  # the kernel waits as before
+
+
+C10D = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def blocked_thread(code_file):
+    """A thread stopped inside a function compiled as if it were torch.distributed's; acquiring a
+    held lock stands for gloo's wait: C code, where no Python instruction runs."""
+    import _thread
+
+    ns = {}
+    exec(compile("def all_reduce(lock, group=None):\n    lock.acquire()\n", code_file, "exec"), ns)
+    lock, entered = _thread.allocate_lock(), threading.Event()
+    lock.acquire()
+    thread = threading.Thread(target=lambda: (entered.set(), ns["all_reduce"](lock)), daemon=True)
+    thread.start()
+    entered.wait()
+    time.sleep(0.05)  # inside lock.acquire()
+    return thread, lock
+
+
+@pytest.mark.parametrize("code_file, reported", [(C10D, True), ("/x/my_cell.py", False)])
+def test_an_interrupt_that_finds_the_main_thread_in_a_collective_is_reported(monkeypatch, code_file, reported):
+    fake_dist(monkeypatch, {None: [0, 1]})
+    sent = []
+    thread, release = blocked_thread(code_file)
+    try:
+        rank_watch.report_if_blocked(SimpleNamespace(send=sent.append), {"req": 9}, thread.ident)
+    finally:
+        release.release()
+    assert sent == ([("blocked", 9, "all_reduce", [0, 1])] if reported else [])
+
+
+def test_the_watch_hears_sigint_through_the_wakeup_fd(monkeypatch):
+    heard = threading.Event()
+    monkeypatch.setattr(rank_watch, "report_if_blocked", lambda *args: heard.set())
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    old_fd = signal.set_wakeup_fd(-1)
+    try:
+        rank_watch.start(SimpleNamespace(send=None), {"req": None})
+        signal.raise_signal(signal.SIGINT)
+        assert heard.wait(5), "the watch thread never heard the SIGINT"
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        signal.signal(signal.SIGINT, previous)
