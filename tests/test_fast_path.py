@@ -245,3 +245,29 @@ def test_a_cpu_build_of_torch_is_seen_as_one_without_accelerators():
     cpu_wheel = torch.version.cuda is None and torch.version.hip is None and not torch.backends.mps.is_built()
     assert _forkrank.accelerator_built() is not cpu_wheel
     assert worker._cuda_built() is (torch.version.cuda is not None or torch.version.hip is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("start_mode")
+def test_groups_made_after_init_use_the_store_torch_kept():
+    """torch keeps the ranks' store only in C++: the Python store behind it must live on (it was
+    collected after init_process_group, and every new_group then failed)."""
+    ns = run_cells("""
+    import gc
+    import torch
+    import torch.distributed as dist
+    def later_groups(rank, world):
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        gc.collect()
+        sums = []
+        for _ in range(2):
+            group = dist.new_group(backend="gloo")
+            t = torch.ones(1)
+            dist.all_reduce(t, group=group)
+            sums.append(t.item())
+        dist.barrier()
+        dist.destroy_process_group()
+        return sums
+    """)
+    run = distlab.spawn(ns["later_groups"], args=(2,), nprocs=2, view=None)
+    assert run.returns == {0: [2.0, 2.0], 1: [2.0, 2.0]}

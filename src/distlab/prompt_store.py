@@ -29,7 +29,15 @@ def prompt_store(file_store):
     from . import retired_groups
 
     retired_groups.release_at_exit()
-    return _store_class()(file_store)
+    store = _store_class()(file_store)
+    _LIVE.append(store)
+    return store
+
+
+# Every PromptStore made in this process, kept for its life: torch holds a store only in C++, and a
+# C++ call into a Python store whose Python object was collected fails ("fn INTERNAL ASSERT FAILED
+# ... Not implemented."): ``new_group`` after ``init_process_group`` did. One per rendezvous.
+_LIVE: list = []
 
 
 def _store_class():
