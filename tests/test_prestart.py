@@ -50,6 +50,30 @@ def test_importing_distlab_in_a_notebook_starts_the_server_without_waiting_for_i
     assert seen["SERVER"][0] != "None"
 
 
+def test_old_runs_are_pruned_in_the_background_not_by_the_first_launch(tmp_path):
+    """The first prune of a process reads every run folder of the root (a day of work leaves
+    thousands): in a notebook it runs in the prestart thread, before any launch."""
+    from distlab.runfolder import KEEP_NEWEST, private_root
+
+    root = private_root(tmp_path / "runs")
+    for i in range(KEEP_NEWEST):  # the newest runs are kept whatever their age
+        (root / f"20260101-0000{i:02d}-young-x").mkdir()
+    old = root / "20250101-000000-old-x"
+    (old / "logs").mkdir(parents=True)
+    for p in (old / "logs", old):
+        os.utime(p, (0, 0))
+    script = ("from IPython.core.interactiveshell import InteractiveShell\n"
+              "InteractiveShell.instance()\n"
+              "import distlab\n"
+              "from distlab import prestart\n"
+              "prestart.wait(120)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "DISTLAB_RUNS": str(root)})
+    assert out.returncode == 0, out.stderr
+    assert not old.exists()
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("2025")) == []
+
+
 def test_distlab_prestart_0_opts_out():
     seen = run_shell(wait=3, DISTLAB_PRESTART="0")
     assert seen["SERVER"] == ["None"]

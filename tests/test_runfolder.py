@@ -209,6 +209,22 @@ def test_a_long_run_that_still_writes_is_not_pruned(tmp_path):
     assert prune(root, keep_newest=0, now=now) == [run]
 
 
+def test_a_run_is_as_young_as_its_newest_metrics_file_or_attempt_folder(tmp_path):
+    root = private_root(tmp_path / "runs")
+    now, old = time.time(), time.time() - 5 * 86400
+    runs = {name: root / f"20250101-00000{i}-{name}-x" for i, name in enumerate(("metrics", "attempt", "stale"))}
+    for run in runs.values():
+        (run / "logs" / "attempt0").mkdir(parents=True)
+        (run / "metrics").mkdir()
+        (run / "metrics" / "rank0.jsonl").write_text("{}\n")
+    young = {"metrics": runs["metrics"] / "metrics" / "rank0.jsonl", "attempt": runs["attempt"] / "logs" / "attempt0"}
+    for run in runs.values():
+        for p in [run, *run.rglob("*")]:
+            if p not in young.values():
+                os.utime(p, (old, old))
+    assert prune(root, keep_newest=0, now=now) == [runs["stale"]]
+
+
 def test_creating_a_run_prunes_old_ones(tmp_root, monkeypatch):
     monkeypatch.setattr("distlab.runfolder.PRUNE_EVERY_S", 0)
     root = private_root()

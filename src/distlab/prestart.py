@@ -3,7 +3,8 @@
 The server imports torch once (a second or two) and every launch forks its ranks from it. Started
 by the first launch, that wait is what a learner sees on the first ``spawn`` of a kernel; started
 when ``import distlab`` runs, it overlaps with the learner's next cells, and the first launch is
-as fast as any other. The import itself never waits: a daemon thread asks the server's keeper
+as fast as any other (the same thread then prunes old run folders, the first launch's other
+wait). The import itself never waits: a daemon thread asks the server's keeper
 thread to start it, and any failure is left for the first launch to report (it falls back to
 fresh interpreters with a warning).
 
@@ -62,9 +63,16 @@ def wait(timeout: float = 30.0) -> None:
 
 
 def _start_server() -> None:
+    """The server, then the first prune of old runs (which the first launch would otherwise do)."""
     try:
         from . import forkserver
 
         forkserver.ensure_server()
     except Exception:  # noqa: S110  (the first launch tries again and reports what fails)
+        pass
+    try:
+        from . import runfolder
+
+        runfolder.prune_if_due()
+    except Exception:  # noqa: S110  (the first launch prunes, and reports a bad runs root)
         pass

@@ -249,8 +249,8 @@ class RunFolder:
         """A fresh private run folder in the checked root; prunes old runs first (on the first
         run of this process, then at most every ``PRUNE_EVERY_S``)."""
         root = private_root(root)
-        if prune_old and _prune_due(root):
-            prune(root)
+        if prune_old:
+            prune_if_due(root)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40] or "run"
         path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-", dir=root))
         for sub in SUBFOLDERS:
@@ -350,6 +350,14 @@ class RunFolder:
         check_private_dir(self.path)
 
 
+def prune_if_due(root: Path | None = None) -> None:
+    """:func:`prune` the (checked) root on this process's first call, then at most every
+    ``PRUNE_EVERY_S`` (a notebook's first prune runs in the background: :mod:`distlab.prestart`)."""
+    root = private_root(root)
+    if _prune_due(root):
+        prune(root)
+
+
 def _prune_due(root: Path, now: float | None = None) -> bool:
     """True (and noted) when this process has not pruned ``root`` in the last ``PRUNE_EVERY_S``."""
     now = time.monotonic() if now is None else now
@@ -381,8 +389,22 @@ def prune(root: Path, keep_newest: int = KEEP_NEWEST, younger_s: float = KEEP_YO
 
 
 def last_change(run: Path) -> float:
-    """The newest mtime of the folder, its logs and metrics: a long run that still writes is young."""
-    times = [os.lstat(run).st_mtime]
-    for pattern in ("logs/attempt*/*", "metrics/*", "logs/attempt*"):
-        times.extend(p.lstat().st_mtime for p in run.glob(pattern))
-    return max(times)
+    """The newest mtime of the folder, its logs and metrics: a long run that still writes is young.
+    (``os.scandir``, not ``Path.glob``: a day of work leaves thousands of runs to look at.)"""
+    newest = os.lstat(run).st_mtime
+    for entry in _entries(os.path.join(run, "logs")):
+        if entry.name.startswith("attempt"):
+            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+            if entry.is_dir(follow_symlinks=False):
+                newest = max([newest, *(e.stat(follow_symlinks=False).st_mtime for e in _entries(entry.path))])
+    for entry in _entries(os.path.join(run, "metrics")):
+        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest
+
+
+def _entries(folder: str) -> list:
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []
