@@ -139,6 +139,8 @@ def test_the_agent_of_a_forked_run_looks_at_its_ranks_when_they_change(monkeypat
 def test_quieting_torchelastic_sets_and_restores_every_level_at_once():
     import logging
 
+    import torch.distributed.elastic.agent.server.api  # noqa: F401  (torchelastic sets its level at import)
+
     from distlab import engine
 
     name = "torch.distributed.elastic.agent.server.api"
@@ -271,3 +273,70 @@ def test_groups_made_after_init_use_the_store_torch_kept():
     """)
     run = distlab.spawn(ns["later_groups"], args=(2,), nprocs=2, view=None)
     assert run.returns == {0: [2.0, 2.0], 1: [2.0, 2.0]}
+
+
+def test_torchelastic_events_are_serialised_only_for_a_logger_that_listens():
+    import logging
+
+    from torch.distributed.elastic import events
+
+    from distlab import engine
+
+    class Event:
+        made = 0
+
+        def serialize(self):
+            Event.made += 1
+            return "event"
+
+    with engine.quiet_torchelastic():
+        events.record(Event())
+        assert Event.made == 0  # the quiet logger drops it: nothing was serialised
+    logger = events._get_or_create_logger("null")
+    saved = logger.level
+    try:
+        logger.setLevel(logging.INFO)
+        events.record(Event())
+        assert Event.made == 1
+    finally:
+        logger.setLevel(saved)
+    from torch.distributed.elastic.agent.server import api as agent_api
+
+    assert agent_api.record is events.record
+
+
+FRESH_MODULE = """
+import os, sys
+import distlab
+sys.path.insert(0, {tests!r})
+from fake_kernel import run_cells
+cells = run_cells('''
+def use(rank):
+    import fresh_module
+    return fresh_module.VALUE
+def nothing(rank):
+    return rank
+''')
+distlab.spawn(cells["nothing"], nprocs=1, view=None, start="forkserver")  # the server runs
+os.mkdir({folder!r})  # on PYTHONPATH, missing when the server started: it remembered "no such folder"
+with open(os.path.join({folder!r}, "fresh_module.py"), "w") as f:
+    f.write("VALUE = 42\\n")
+print("RESULT", distlab.spawn(cells["use"], nprocs=2, view=None, start="forkserver").returns, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_module_written_after_the_server_started_is_found_by_its_ranks(tmp_path):
+    """The server's import caches are invalidated before each fork: a folder on PYTHONPATH that did
+    not exist when the server started (a user site-packages a later pip install --user makes) is
+    cached there as absent, and a rank would inherit that."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = tmp_path / "later"
+    script = FRESH_MODULE.format(folder=str(folder), tests=str(Path(__file__).parent))
+    pythonpath = os.pathsep.join(p for p in [str(folder), os.environ.get("PYTHONPATH", "")] if p)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": pythonpath})
+    assert "RESULT {0: 42, 1: 42}" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]

@@ -8,7 +8,6 @@ The server imported this module, torch and ``torch.distributed`` once; nothing t
 was imported there, so the script's imports of the user's modules are fresh in every rank.
 """
 import atexit
-import importlib
 import os
 import sys
 from multiprocessing import forkserver as mp_forkserver
@@ -33,7 +32,6 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     os.environ.update(env)
     _write_output_to(stdout, stderr)
     _set_thread_count(env)
-    importlib.invalidate_caches()  # files written since the server started must be found
     _fresh_random_state()
     atexit._clear()  # the server's exit handlers are not this rank's
     retired_groups.ends_with_os_exit()  # multiprocessing ends a forked child with os._exit

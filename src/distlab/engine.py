@@ -361,6 +361,7 @@ class quiet_torchelastic:
         cls = type(self)
         with cls._lock:
             if cls._depth == 0:
+                _events_ask_first()  # imports (and so levels) first: torchelastic sets levels at import
                 quiet = self.loggers()
                 cls._saved = {n: logging.getLogger(n).level for n in quiet}
                 _set_levels(dict.fromkeys(quiet, logging.CRITICAL))
@@ -384,6 +385,28 @@ class quiet_torchelastic:
             cls._depth -= 1
             if cls._depth == 0:
                 _set_levels(cls._saved)
+
+
+def _events_ask_first() -> None:
+    """torchelastic's ``events.record`` serialises each event (``dataclasses.asdict`` and JSON, about
+    1.5 ms of the kernel's CPU per launch) before its logger drops it, and distlab keeps that logger
+    quiet. The replacement asks the logger first; whenever it is enabled, it logs exactly what
+    torch's would. Installed once, for every caller (the agent imported ``record`` by name)."""
+    from torch.distributed.elastic import events
+    from torch.distributed.elastic.agent.server import api as agent_api
+
+    events._get_or_create_logger("null")  # made now: making it sets its level, which is then saved
+    if getattr(events.record, "_distlab_asks_first", False):
+        return
+
+    def record(event, destination: str = "null") -> None:
+        logger = events._get_or_create_logger(destination)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(event.serialize())
+
+    record._distlab_asks_first = True
+    record.__wrapped__ = events.record
+    events.record = agent_api.record = record
 
 
 def _set_levels(levels: dict) -> None:
