@@ -147,3 +147,31 @@ def test_a_rank_reporting_a_lost_peer_is_named_before_one_that_was_only_stopped(
     peer.message["extraInfo"]["py_callstack"] = "RuntimeError: Gloo connectFullMesh failed: Connection closed by peer"
     err = first_failure_error(SimpleNamespace(failures={0: stopped, 1: peer}), tmp_path, None)
     assert err.rank == 1 and "connectFullMesh" in str(err)
+
+
+def test_descendants_from_proc_are_psutils_children():
+    """The /proc children walk finds what psutil's full scan finds: a child and its grandchild."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from distlab import watch
+
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while len(psutil.Process(child.pid).children()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch._children_from_proc(os.getpid()) is not None  # Linux: the /proc way is the one used
+        grandchild = psutil.Process(child.pid).children()[0].pid
+        assert {child.pid, grandchild} <= {p.pid for p in watch.descendants()}
+        assert [p.pid for p in watch.descendants(child.pid)] == [grandchild]
+    finally:
+        for p in psutil.Process(child.pid).children(recursive=True) + [psutil.Process(child.pid)]:
+            p.kill()
+        child.wait()

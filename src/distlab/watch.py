@@ -9,6 +9,7 @@ this run's workers, never a pid merely read from a file.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -25,10 +26,50 @@ AGENT_GRACE_S = 3.0
 NOT_STARTED = "(not started yet: still importing, or already exited)"
 
 
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """Live processes below ``pid`` (default: this one). On Linux read from the ``children`` files
+    of each task in ``/proc``: psutil's ``children(recursive=True)`` reads the status of every
+    process on the machine (1.3 ms a launch here, far more on a shared host with thousands)."""
+    pid = os.getpid() if pid is None else pid
+    pids = _children_from_proc(pid)
+    if pids is None:
+        return psutil.Process(pid).children(recursive=True)
+    found = []
+    for child in pids:
+        try:
+            found.append(psutil.Process(child))
+        except psutil.Error:  # gone meanwhile
+            pass
+    return found
+
+
+def _children_from_proc(pid: int) -> list[int] | None:
+    """Every pid below ``pid`` from ``/proc/<pid>/task/<tid>/children``; None where the kernel
+    has no such files (then psutil's way is used)."""
+    if not os.path.exists(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/children"):
+        return None
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # gone
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):  # a thread that just ended
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
 def our_workers(run_id: str) -> list[psutil.Process]:
     """Live descendants of this process that belong to run ``run_id`` (torchelastic sets the id)."""
     found = []
-    for p in psutil.Process().children(recursive=True):
+    for p in descendants():
         try:
             if p.environ().get("TORCHELASTIC_RUN_ID") == run_id:
                 found.append(p)
