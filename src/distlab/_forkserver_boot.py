@@ -31,8 +31,6 @@ try:  # before forkserver.main builds its listener: only your uid may connect. F
 
     distlab.peercred.install_in_forkserver()
 except BaseException:  # multiprocessing ignores a preload's ImportError: never serve unchecked
-    import os
-
     os._exit(3)
 
 import multiprocessing.queues  # noqa: E402,F401  (what unpickling a rank's process object needs)

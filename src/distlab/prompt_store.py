@@ -3,8 +3,8 @@
 distlab's ranks meet in a ``FileStore`` in their private run folder (no port another user could
 open: see :mod:`distlab.worker`). torch's ``FileStore`` looks for a missing key every 10 ms, and
 the first rank to reach ``init_process_group`` always waits for a key the next rank has not
-written yet: a 2-rank gloo group took 11.8 ms to form where the ranks arrive 2 ms apart, against
-5.5 ms with this wrapper (medians of 15; the prototype's figures, in the closing note of #28).
+written yet: a 2-rank gloo group took 11.0 ms to form where the ranks arrive 2 ms apart, against
+6.2 ms with this wrapper (``bench/rank_costs.py``, medians of 21).
 
 ``PromptStore`` keeps the file and every rule of the ``FileStore`` (same keys, same file, same
 timeout errors) and only adds, before a blocking ``get``/``wait``, a check loop that starts at
@@ -15,6 +15,7 @@ call, so a CUDA machine keeps the plain ``FileStore``.
 """
 from __future__ import annotations
 
+import functools
 import time
 from datetime import timedelta
 
@@ -40,17 +41,8 @@ def prompt_store(file_store):
 _LIVE: list = []
 
 
+@functools.cache
 def _store_class():
-    global _PromptStore
-    if _PromptStore is None:
-        _PromptStore = _define()
-    return _PromptStore
-
-
-_PromptStore = None
-
-
-def _define():
     import torch.distributed as dist
 
     class PromptStore(dist.Store):
