@@ -150,10 +150,24 @@ Current thread 0x00007f04 (most recent call first):
 """
 
 
-def test_clean_stack_of_a_forked_rank_drops_the_fork_and_the_interrupt_watch():
+SPARE_FRAMES = """  File "/src/distlab/_spare_rank.py", line 44 in become_rank
+  File "/src/distlab/_spare_rank.py", line 71 in wait_then_run
+  File "/src/distlab/_forkserver_main.py", line 201 in _in_child
+  File "/src/distlab/_forkserver_main.py", line 167 in add_spare
+  File "/src/distlab/_forkserver_main.py", line 112 in serve
+  File "/src/distlab/_forkserver_main.py", line 230 in main
+  File "<string>", line 1 in <module>
+"""
+
+
+SPARE_DUMP = FORKED_DUMP.split('  File "/usr/lib/python3.11/multiprocessing/forkserver')[0] + SPARE_FRAMES
+
+
+@pytest.mark.parametrize("dump", [FORKED_DUMP, SPARE_DUMP], ids=["forked-on-request", "spare"])
+def test_clean_stack_of_a_forked_rank_drops_the_fork_and_the_interrupt_watch(dump):
     from distlab.rank_group import RUNTIME_FILES
 
-    assert proto.clean_stack(FORKED_DUMP, RUNTIME_FILES) == (
+    assert proto.clean_stack(dump, RUNTIME_FILES) == (
         'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce\nFile "Cell In[3]", line 2 in <module>')
 
 

@@ -28,11 +28,11 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     _close_alive_pipe()
     stdout, stderr = (os.environ.get(name, "") for name in LOG_VARS)
     env = rank_environment(kernel["env"], dict(os.environ))
-    os.environ.clear()
-    os.environ.update(env)
+    replace_environment(env)
     _write_output_to(stdout, stderr)
     _set_thread_count(env)
-    _fresh_random_state()
+    if _RESEEDED_IN != os.getpid():  # a spare rank reseeded while it waited (distlab._spare_rank)
+        fresh_random_state()
     atexit._clear()  # the server's exit handlers are not this rank's
     retired_groups.ends_with_os_exit()  # multiprocessing ends a forked child with os._exit
     try:
@@ -43,7 +43,20 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     atexit._run_exitfuncs()  # what the script registered, as the interpreter runs them at exit
 
 
-def _fresh_random_state() -> None:
+_RESEEDED_IN: int | None = None  # the pid that last ran fresh_random_state
+
+
+def replace_environment(env: dict) -> None:
+    """Make ``os.environ`` equal to ``env``, changing only what differs (each change is a C
+    ``setenv`` call: the rank's environment is mostly the server's already)."""
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def fresh_random_state() -> None:
     """The random state a fresh interpreter would start with. torch seeds its generator from the
     OS when it is imported, and NumPy its global one; a forked rank would inherit the server's,
     so every rank (and every launch) would draw the same "random" numbers. Python's ``random``
@@ -61,6 +74,8 @@ def _fresh_random_state() -> None:
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         np_random.seed()
+    global _RESEEDED_IN
+    _RESEEDED_IN = os.getpid()
 
 
 def accelerator_built() -> bool:

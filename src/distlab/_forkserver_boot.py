@@ -10,12 +10,10 @@ second line) the server leaves when the kernel's end of its "alive" pipe closes,
 every rank closes its own copy of that pipe (``distlab._forkrank``). A rank's own parent is
 the server, so a dead server takes its ranks with it (``distlab.worker._die_with_parent``).
 
-Only your own processes may ask it for a fork: every connection's peer uid is checked
-(``distlab.peercred``) before anything is read from it.
+Only your own processes may ask it for a fork: the server's loop (``distlab._forkserver_main``)
+checks every connection's peer uid (``distlab.peercred``) before it reads anything from it.
 """
 import gc
-import importlib
-import os
 import signal
 import sys
 
@@ -26,13 +24,6 @@ try:
 except (OSError, AttributeError):  # not Linux
     pass
 
-try:  # before forkserver.main builds its listener: only your uid may connect. Fail closed.
-    import distlab.peercred
-
-    distlab.peercred.install_in_forkserver()
-except BaseException:  # multiprocessing ignores a preload's ImportError: never serve unchecked
-    os._exit(3)
-
 import multiprocessing.queues  # noqa: E402,F401  (what unpickling a rank's process object needs)
 import multiprocessing.synchronize  # noqa: E402,F401
 import runpy  # noqa: E402,F401
@@ -40,6 +31,7 @@ import runpy  # noqa: E402,F401
 import torch  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 import torch.distributed.elastic.multiprocessing  # noqa: E402,F401
+import torch.utils.serialization  # noqa: E402,F401  (torch.save imports it: every rank saves its return value)
 
 import distlab._forkrank  # noqa: E402,F401
 import distlab.prompt_store  # noqa: E402
@@ -53,20 +45,6 @@ try:  # numpy loads numpy.random lazily: imported here once, not in each rank th
 except ImportError:
     pass
 import distlab.forkserver  # noqa: E402,F401
-
-SERVER_PID = os.getpid()
-
-
-def _invalidate_import_caches() -> None:
-    """Run in the server just before each fork: a rank must find files written since the server
-    started (a module the notebook just wrote, a folder added to ``sys.path``). Done here, once, on
-    the server's own memory, the rank inherits fresh caches; done in each rank, it cost 1.5 ms of
-    copy-on-write faults there. Not in a process a rank forks (it inherits this hook)."""
-    if os.getpid() == SERVER_PID:
-        importlib.invalidate_caches()
-
-
-os.register_at_fork(before=_invalidate_import_caches)
 
 # Objects made so far live as long as the server: keep the garbage collector of every rank off
 # them, or its first full collection writes to (and so copies) most of the server's memory.

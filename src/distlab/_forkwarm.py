@@ -18,16 +18,16 @@ def run_warm_rank(cfg: dict, conn, log: str, env: dict) -> None:
     import multiprocessing
     import os
 
-    from ._forkrank import _close_alive_pipe, _fresh_random_state, _set_thread_count, _write_both_to
+    from . import _forkrank
 
-    _close_alive_pipe()
+    _forkrank._close_alive_pipe()
     os.setsid()
-    os.environ.clear()
-    os.environ.update(env)
-    _write_both_to(log)
-    _set_thread_count(env)
+    _forkrank.replace_environment(env)
+    _forkrank._write_both_to(log)
+    _forkrank._set_thread_count(env)
     importlib.invalidate_caches()
-    _fresh_random_state()
+    if _forkrank._RESEEDED_IN != os.getpid():  # a spare rank reseeded while it waited
+        _forkrank.fresh_random_state()
     atexit._clear()
     multiprocessing.current_process()._config["daemon"] = False  # user code may start processes of its own
     cfg = {**cfg, "conn_fd": os.dup(conn.fileno()), "parent_pid": os.getppid()}

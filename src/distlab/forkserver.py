@@ -21,18 +21,94 @@ import contextlib
 import io
 import os
 import queue
+import socket
 import sys
 import threading
 from multiprocessing import connection as mp_connection
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver as mp_forkserver
-from multiprocessing import popen_forkserver, reduction, util
+from multiprocessing import popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing import process as mp_process
 
 START_METHOD = "distlab-forkserver"
 PRELOAD = ["distlab._forkserver_boot"]  # torch and distlab's rank runtime: see that module
+SPARES_VAR = "DISTLAB_SPARE_RANKS"  # how many ranks the server forks ahead (default 2; 0: none)
+SPARE_NAME = "distlab-spare"  # an idle spare's process name (see distlab._spare_rank)
 
-_SERVER = mp_forkserver.ForkServer()
+
+class _ForkServer(mp_forkserver.ForkServer):
+    """``multiprocessing``'s ForkServer bookkeeping (its address, "alive" pipe, pid, ``_stop``) with
+    distlab's server loop (:mod:`distlab._forkserver_main`, which forks spare ranks ahead) and
+    distlab's own end of the protocol: both ends are distlab's on every Python version."""
+
+    def ensure_running(self) -> None:
+        with self._lock:
+            resource_tracker.ensure_running()
+            if self._forkserver_pid is not None:
+                pid, _ = os.waitpid(self._forkserver_pid, os.WNOHANG)
+                if not pid:
+                    return  # still serving
+                os.close(self._forkserver_alive_fd)
+                self._forkserver_address = self._forkserver_alive_fd = self._forkserver_pid = None
+            self._launch()
+
+    def _launch(self) -> None:
+        """Start ``python -c "...main(...)"`` with the listening socket and the alive pipe's read end;
+        this process keeps the write end (the server leaves when every copy is closed)."""
+        address = mp_connection.arbitrary_address("AF_UNIX")
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(address)
+            os.chmod(address, 0o600)  # an abstract address was refused before (peercred)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            try:
+                command = (f"from distlab._forkserver_main import main; main({listener.fileno()}, {alive_r}, "
+                           f"{self._preload_modules!r}, {spare_count()})")
+                exe = spawn.get_executable()
+                args = [exe, *util._args_from_interpreter_flags(), "-c", command]
+                pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+            except BaseException:
+                os.close(alive_w)
+                raise
+            finally:
+                os.close(alive_r)
+        self._forkserver_address, self._forkserver_alive_fd, self._forkserver_pid = address, alive_w, pid
+
+    def connect_to_new_process(self, fds):
+        """Ask the server for a child; returns (status pipe's read end, process pipe's write end)."""
+        if len(fds) + 4 >= mp_forkserver.MAXFDS_TO_SEND:
+            raise ValueError("too many fds")
+        parent_r, child_w = os.pipe()
+        child_r, parent_w = os.pipe()
+        try:
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(self._forkserver_address)
+                reduction.sendfds(client, [child_r, child_w, self._forkserver_alive_fd,
+                                           resource_tracker.getfd(), *fds])
+            return parent_r, parent_w
+        except BaseException:
+            os.close(parent_r)
+            os.close(parent_w)
+            raise
+        finally:
+            os.close(child_r)
+            os.close(child_w)
+
+
+def spare_count() -> int:
+    """``DISTLAB_SPARE_RANKS`` (read when the server starts): how many ranks it keeps forked ahead
+    of the requests, at least (it keeps as many as the largest launch asked for, up to 8)."""
+    value = os.environ.get(SPARES_VAR, "").strip()
+    if not sys.platform.startswith("linux"):
+        return 0  # an idle spare is told from a leftover worker by its name, which only Linux lets it set
+    if not value:
+        return 2
+    if not value.isdigit():
+        raise ValueError(f"{SPARES_VAR}={value!r}: write a whole number of spare ranks (0 turns them off)")
+    return int(value)
+
+
+_SERVER = _ForkServer()
 _SERVER.set_forkserver_preload(PRELOAD)
 _RANKS: dict[str, list] = {}  # run id -> the _RankPopen of each rank this kernel forked for it
 _LAUNCH = threading.local()  # the run a thread is launching (torchelastic starts ranks in that thread)

@@ -5,7 +5,7 @@ what they send: code running as you. The server's socket lives in your private f
 CPython 3.10.0-3.10.8 and 3.11.0 (CVE-2022-42919) it was an abstract-namespace socket that any
 local user could reach. So distlab refuses a forkserver whose socket would be abstract
 (:func:`abstract_socket_reason`) and its server accepts a connection only from your own uid
-(:class:`PeerCheckedSocket`, installed by ``distlab._forkserver_boot``).
+(:class:`PeerCheckedSocket`, the listener of ``distlab._forkserver_main``).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def can_check_peers() -> bool:
 class PeerCheckedSocket(socket.socket):
     """A listening socket whose ``accept`` drops any connection not made by this process's uid.
 
-    A refused connection raises ``ECONNABORTED``, which ``multiprocessing.forkserver.main``'s loop
-    ignores by design (the server goes on serving); nothing the peer sent is ever read.
+    A refused connection raises ``ECONNABORTED``; the server's loop goes on serving, and nothing
+    the peer sent is ever read.
     """
 
     def accept(self):
@@ -51,18 +51,6 @@ class PeerCheckedSocket(socket.socket):
             print(f"distlab forkserver: refused a connection from uid {uid}", file=sys.stderr, flush=True)
             raise ConnectionAbortedError(errno.ECONNABORTED, "connection from another user refused")
         return conn, address
-
-
-def install_in_forkserver() -> None:
-    """Make ``multiprocessing.forkserver.main`` (running in this process) build its listener as a
-    :class:`PeerCheckedSocket`. Only ever called inside distlab's own server process."""
-    import types
-    from multiprocessing import forkserver
-
-    shim = types.ModuleType("socket")
-    shim.__dict__.update(socket.__dict__)
-    shim.socket = PeerCheckedSocket
-    forkserver.socket = shim
 
 
 def abstract_socket_reason(address: str | bytes | None = None) -> str | None:

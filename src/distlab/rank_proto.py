@@ -34,7 +34,7 @@ from .capture import Captured
 LAUNCH_FRAME = 'File "<string>", line 1 in <module>'
 # The outermost frames of a rank forked from distlab's forkserver: how it was started, not where it is.
 FORK_FILES = ("distlab/_forkwarm.py", "multiprocessing/process.py", "multiprocessing/spawn.py",
-              "multiprocessing/forkserver.py")
+              "multiprocessing/forkserver.py", "distlab/_spare_rank.py", "distlab/_forkserver_main.py")
 OUT, DONE, ERROR, READY, START_FAILED, BLOCKED = "out", "done", "error", "ready", "start-failed", "blocked"
 EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
 

@@ -8,6 +8,7 @@ this run's workers, never a pid merely read from a file.
 """
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import signal
@@ -125,10 +126,18 @@ def _signal(p: psutil.Process, sig) -> None:
         pass
 
 
-class Watcher(threading.Thread):
+class Watcher:
+    """One run's watcher: every ``POLL_S`` its thread enforces the timeout and streams new output.
+
+    Its thread is started without waiting for it to run, and :meth:`finish` does not wait for it
+    to end, only for a step in progress: on a machine whose cores are busy a new thread waits a
+    scheduler slice before it first runs, and a launch shorter than ``POLL_S`` (the watcher never
+    stepped) used to wait for its watcher twice, at start and at join (``bench/launch_phases.py --busy``).
+    """
+
     def __init__(self, folder, run_id: str, world_size: int, view, timeout: float | None,
                  cancel: threading.Event | None = None, never_started: str | None = None):
-        super().__init__(daemon=True, name=f"distlab-watch-{run_id}")
+        self.name = f"distlab-watch-{run_id}"
         self.folder = folder if isinstance(folder, RunFolder) else RunFolder(folder)
         self.run_id, self.world_size = run_id, world_size
         self.view, self.timeout = view, timeout
@@ -138,6 +147,7 @@ class Watcher(threading.Thread):
         self.stacks: dict[int, str] = {}
         self.agent = None  # the Popen of an out-of-process agent (multi-node runs)
         self._stop_event = threading.Event()
+        self._step_lock = threading.RLock()  # a step of the thread, or finish(): one at a time
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, str] = {}
         self._start = time.monotonic()
@@ -148,10 +158,16 @@ class Watcher(threading.Thread):
     def run_dir(self) -> Path:
         return self.folder.path
 
+    def start(self) -> None:
+        _thread.start_new_thread(self.run, ())
+
     def run(self) -> None:
         while not self._stop_event.wait(POLL_S):
-            self._guard(self.enforce)
-            self._guard(self.poll)
+            with self._step_lock:
+                if self._stop_event.is_set():
+                    return
+                self._guard(self.enforce)
+                self._guard(self.poll)
 
     def enforce(self) -> None:
         """Timeout and cancellation: stop the ranks (again after any torchelastic restart)."""
@@ -179,13 +195,12 @@ class Watcher(threading.Thread):
     def finish(self) -> None:
         """Stop watching, then stream what is left so no line is lost. Safe to call again."""
         self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join()
-        if self._finished:
-            return
-        self._finished = True
-        self._guard(lambda: self.poll(final=True))
-        self._to_view("close")
+        with self._step_lock:
+            if self._finished:
+                return
+            self._finished = True
+            self._guard(lambda: self.poll(final=True))
+            self._to_view("close")
 
     def poll(self, final: bool = False) -> None:
         for rank, path in self.folder.output_streams():
@@ -250,7 +265,8 @@ class Watcher(threading.Thread):
         return stacks
 
 
-RUNTIME_FRAMES = ("distlab/worker.py", "distlab/_start.py", "<frozen runpy>", "threading.py")
+RUNTIME_FRAMES = ("distlab/worker.py", "distlab/_start.py", "<frozen runpy>", "threading.py",
+                  "distlab/_spare_rank.py", "distlab/_forkserver_main.py")  # how a forked rank started
 
 
 def clean_stack(dump: str) -> str:

@@ -89,7 +89,12 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(ORPHAN_EXIT_CODE)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    if _WATCHDOG.get(os.getpid()) != parent_pid:  # a spare rank started it while it waited
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+        _WATCHDOG[os.getpid()] = parent_pid
+
+
+_WATCHDOG: dict[int, int] = {}  # pid -> the parent its watchdog thread watches (a thread is not forked)
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -23,6 +23,9 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func
 
 # --- leftovers ---------------------------------------------------------------------------------
 
+SPARE_NAME = "distlab-spare"  # distlab.forkserver.SPARE_NAME (not imported: that module is POSIX-only)
+
+
 def worker_processes(pid: int | None = None) -> list[psutil.Process]:
     """Every process below ``pid`` (default: this kernel) that still exists, zombies included,
     except the ones kept on purpose (the forkserver, the resource tracker, open warm ranks).
@@ -51,13 +54,17 @@ def _warm_rank_pids() -> set[int]:
 
 def _is_multiprocessing_helper(p: psutil.Process) -> bool:
     """multiprocessing's resource tracker (started by the first ``mp.spawn`` or process pool in
-    this process) and distlab's forkserver (started by the first launch; the ranks it forks are
-    workers) live as long as their parent by design; they are not workers."""
+    this process), distlab's forkserver (started by the first launch; the ranks it forks are
+    workers) and the server's idle spare ranks live as long as their parent by design; they are
+    not workers."""
     from distlab.launchmode import forkserver_pid
 
-    if p.pid == forkserver_pid():
+    server = forkserver_pid()
+    if p.pid == server:
         return True
     try:
+        if server is not None and p.ppid() == server and p.name() == SPARE_NAME:
+            return True
         return "multiprocessing.resource_tracker" in " ".join(p.cmdline())
     except psutil.Error:
         return False

@@ -1,0 +1,235 @@
+"""The loop of distlab's forkserver process: ``multiprocessing.forkserver.main``'s protocol, with
+spare ranks forked ahead of the requests.
+
+Runs only in the server (``python -c "from distlab._forkserver_main import main; ..."``, started by
+``distlab.forkserver``). The protocol is CPython's, and both of its ends are distlab's: a client
+connects to the server's Unix socket and sends, in one message, the read end of the pipe that will
+carry the pickled process object, the write end of the child's status pipe, the client's "alive"
+fd, its resource tracker's fd, and the fds the child inherits. The server writes the child's pid
+on the status pipe at once, and its exit status when it ends. The server leaves when every client
+has closed its "alive" pipe (the kernel died), and serves only your own uid
+(:class:`distlab.peercred.PeerCheckedSocket`).
+
+What differs: CPython forks when the request arrives; distlab's server forks *spares* while it
+is idle, and a request hands one its fds (:mod:`distlab._spare_rank`). The fork (the copy of a
+process holding torch), its after-fork hooks and a rank's first copy-on-write faults then happen
+before the launch instead of during it; a request that finds no spare is forked as before. The
+number kept grows to the largest burst of requests seen (a 4-rank launch asks four times in a
+row), between ``floor`` and ``CAP`` (:class:`SparePolicy`); ``DISTLAB_SPARE_RANKS=0`` turns them off.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from multiprocessing import forkserver as mp_forkserver
+from multiprocessing import reduction, util
+
+from distlab import _spare_rank, peercred
+
+MAX_FDS = mp_forkserver.MAXFDS_TO_SEND
+CAP = 8  # spares at most (an idle spare costs a few MB: the pages it has written)
+BURST_GAP_S = 0.1  # requests closer than this belong to one launch
+SETTLE_S = 0.5  # with children running, new spares wait this long after the last request
+
+
+@dataclasses.dataclass
+class SparePolicy:
+    """How many spares to keep: none if ``floor`` is 0, else at least ``floor`` and as many as the
+    largest burst of requests seen (one per rank of the largest launch), at most :data:`CAP`."""
+
+    floor: int = 2
+    largest: int = 0
+    burst: int = 0
+    last: float = float("-inf")
+
+    def requested(self, now: float) -> None:
+        self.burst = self.burst + 1 if now - self.last < BURST_GAP_S else 1
+        self.last = now
+        self.largest = max(self.largest, self.burst)
+
+    def target(self) -> int:
+        return 0 if self.floor <= 0 else min(CAP, max(self.floor, self.largest))
+
+    def fill_timeout(self, have: int, running: int, now: float) -> float | None:
+        """How long the loop may wait for requests before it forks a spare (None: forever).
+
+        Not while a launch's ranks start and run: a fork (and the spare's warm-up) would take CPU
+        from them. A spare is forked when no child of the server runs, or ``SETTLE_S`` after the
+        last request (a long job, or warm ranks kept open)."""
+        if have >= self.target():
+            return None
+        return 0.0 if running == 0 else max(0.0, self.last + SETTLE_S - now)
+
+
+@dataclasses.dataclass
+class Spare:
+    pid: int
+    sock: socket.socket  # the server's end; the spare waits for a request's fds on the other
+
+
+def _noop(*_):
+    """SIGCHLD's handler: its only job is to wake the loop through the wakeup fd."""
+
+
+class Server:
+    """The server's state: its socket, the children it serves (pid -> status fd) and its spares."""
+
+    def __init__(self, listener_fd: int, alive_r: int, policy: SparePolicy):
+        self.listener = peercred.PeerCheckedSocket(socket.AF_UNIX, fileno=listener_fd)
+        self.alive_r, self.policy = alive_r, policy
+        self.name = _spare_rank.process_name()
+        self.children: dict[int, int] = {}
+        self.spares: collections.deque[Spare] = collections.deque()
+        self.sig_r, self.sig_w = os.pipe()
+        os.set_blocking(self.sig_r, False)
+        os.set_blocking(self.sig_w, False)
+        self.handlers = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, _noop),
+                         signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+        signal.set_wakeup_fd(self.sig_w)
+        self.selector = selectors.DefaultSelector()
+        for obj in (self.listener, alive_r, self.sig_r):
+            self.selector.register(obj, selectors.EVENT_READ)
+        mp_forkserver._forkserver._forkserver_address = self.listener.getsockname()
+
+    def serve(self) -> None:
+        """Serve until the last client is gone; fork a spare whenever nothing else is waiting."""
+        while True:
+            timeout = self.policy.fill_timeout(len(self.spares), len(self.children), time.monotonic())
+            ready = {key.fileobj for key, _ in self.selector.select(timeout)}
+            if self.alive_r in ready:
+                return  # EOF: every client (the kernel) has gone
+            if self.sig_r in ready:
+                self.reap()
+            if self.listener in ready:
+                self.serve_request()
+            elif not ready and timeout is not None:
+                self.add_spare()
+
+    def serve_request(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:  # refused (another uid: said on stderr) or the client gave up
+            return
+        with conn:
+            try:
+                fds = reduction.recvfds(conn, MAX_FDS + 1)
+            except (EOFError, OSError, RuntimeError):
+                return
+        if not 4 <= len(fds) <= MAX_FDS:
+            _close(fds)
+            return
+        child_r, child_w, *inherited = fds
+        self.policy.requested(time.monotonic())
+        pid = self.hand_to_spare(child_r, inherited) or self.fork_child(child_r, inherited)
+        try:
+            mp_forkserver.write_signed(child_w, pid)
+        except BrokenPipeError:  # the client went
+            pass
+        self.children[pid] = child_w
+        _close([child_r, *inherited])
+
+    def hand_to_spare(self, child_r: int, inherited: list[int]) -> int | None:
+        """The pid of the spare that took the request, or None when none is left alive."""
+        while self.spares:
+            spare = self.spares.popleft()
+            try:
+                reduction.sendfds(spare.sock, [child_r, *inherited])
+                return spare.pid
+            except OSError:  # it died while idle (reaped later)
+                continue
+            finally:
+                spare.sock.close()
+        return None
+
+    def fork_child(self, child_r: int, inherited: list[int]) -> int:
+        """CPython's way: fork now, for this request."""
+        importlib.invalidate_caches()  # before the fork: the child inherits fresh caches
+        pid = os.fork()
+        if pid == 0:
+            self._in_child(self._restore_signals_then_run, child_r, inherited)
+        return pid
+
+    def add_spare(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        server_pid = os.getpid()
+        _spare_rank.set_name(_spare_rank.SPARE_NAME)  # inherited: a spare has its name from its first instant
+        try:
+            pid = os.fork()
+            if pid == 0:
+                ours.close()
+                self._in_child(_spare_rank.wait_then_run, theirs, server_pid, self.handlers, MAX_FDS + 1, self.name)
+        finally:
+            _spare_rank.set_name(self.name)
+        theirs.close()
+        self.spares.append(Spare(pid, ours))
+
+    def reap(self) -> None:
+        """Send each ended child's exit status to its client; forget spares that died idle."""
+        os.read(self.sig_r, 65536)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            status_w = self.children.pop(pid, None)
+            if status_w is None:
+                self._forget_spare(pid)
+                continue
+            try:
+                mp_forkserver.write_signed(status_w, os.waitstatus_to_exitcode(status))
+            except BrokenPipeError:
+                pass
+            os.close(status_w)
+
+    def _forget_spare(self, pid: int) -> None:
+        for spare in [s for s in self.spares if s.pid == pid]:
+            spare.sock.close()
+            self.spares.remove(spare)
+
+    def _in_child(self, run, *args) -> None:
+        """In a forked child: drop the server's fds and wakeup fd, run, and never return."""
+        code = 1
+        try:
+            self.listener.close()
+            self.selector.close()
+            signal.set_wakeup_fd(-1)
+            _close([self.alive_r, self.sig_r, self.sig_w, *self.children.values()])
+            for spare in self.spares:
+                spare.sock.close()
+            code = run(*args)
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    def _restore_signals_then_run(self, child_r: int, inherited: list[int]) -> int:
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+        return _spare_rank.become_rank(child_r, inherited)
+
+
+def _close(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def main(listener_fd: int, alive_r: int, preload: list[str], spares: int = 2) -> None:
+    """The server process's entry point. A preload that fails ends the server (CPython's would
+    serve on without it): a rank forked from a half-ready server must not run."""
+    for name in preload:
+        importlib.import_module(name)
+    util._close_stdin()
+    Server(listener_fd, alive_r, SparePolicy(floor=spares)).serve()

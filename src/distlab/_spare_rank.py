@@ -1,0 +1,103 @@
+"""A child of distlab's forkserver on its way to becoming a rank: a spare waiting for its run, or a
+child forked for a request that found no spare (see :mod:`distlab._forkserver_main`).
+
+Runs only in processes forked from the server. A spare is forked while the server is idle, does
+there what every rank does before it knows its run (the fork itself, the after-fork hooks, a
+fresh random state, :func:`warm_up`), then blocks on its socket until the server hands it a
+request's file descriptors; from there on it is exactly the child ``multiprocessing``'s forkserver
+would have forked for that request (``spawn._main`` reads the process object and runs it).
+
+An idle spare is named ``distlab-spare`` (``/proc/PID/comm``), so that a tool counting a kernel's
+leftover workers can leave it out (``distlab.teach.failures``); it takes its name back when it
+gets a run.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+from multiprocessing import forkserver as mp_forkserver
+from multiprocessing import reduction, resource_tracker, spawn
+
+from distlab import forkserver
+
+SPARE_NAME = forkserver.SPARE_NAME.encode()
+RECEIVED: tuple | None = None  # (time.time(), minor page faults, CPU seconds) when this spare got its run
+
+
+def _now() -> tuple:
+    """When, and after how much work, a spare got its run: for ``bench/launch_phases.py``."""
+    import resource
+    import time
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.time(), usage.ru_minflt, usage.ru_utime + usage.ru_stime
+PR_SET_NAME = 15
+
+
+def become_rank(child_r: int, inherited: list[int]) -> int:
+    """Run the process object the client writes on ``child_r``; returns its exit code.
+
+    ``inherited``: the client's "alive" fd, its resource tracker's fd, then the fds it asked the
+    child to inherit, in the order ``distlab.forkserver`` sends them."""
+    server = mp_forkserver._forkserver
+    server._forkserver_alive_fd, resource_tracker._resource_tracker._fd, *server._inherited_fds = inherited
+    parent_sentinel = os.dup(child_r)
+    return spawn._main(child_r, parent_sentinel)
+
+
+def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: bytes) -> int:
+    """The life of a spare: get ready, wait for a request's fds, become that request's rank.
+
+    Returns 0 without running anything when the server goes or closes the socket (it stops
+    keeping spares). ``handlers``: the signal handlers a rank starts with (the server ignores
+    SIGINT; an idle spare too, so a Ctrl-C in a terminal does not kill the spares). ``name``: the
+    process name a rank has (the server's; a spare is forked already named ``distlab-spare``)."""
+    warm_up(server_pid)
+    try:
+        fds = reduction.recvfds(sock, max_fds)
+    except (EOFError, OSError):
+        return 0
+    finally:
+        sock.close()
+    global RECEIVED
+    RECEIVED = _now()
+    set_name(name)
+    importlib.invalidate_caches()  # a module written since this spare was forked must be found
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    return become_rank(fds[0], fds[1:])
+
+
+def warm_up(server_pid: int) -> None:
+    """Do ahead, while idle, what every rank does first and no run changes: tie this process to
+    the server's life (a rank's parent is the server), draw fresh random seeds.
+
+    Each step also copies the server's memory pages it writes to into this process, which a
+    rank would otherwise pay for while its launch waits (copy-on-write faults)."""
+    from distlab import _forkrank, worker
+
+    worker._die_with_parent(server_pid)  # SIGKILL when the server dies, and the watchdog thread
+    _forkrank.fresh_random_state()
+    importlib.invalidate_caches()  # done again with the run; the pages it writes are ours now
+
+
+def process_name() -> bytes:
+    try:
+        with open("/proc/self/comm", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return b""
+
+
+def set_name(name: bytes) -> None:
+    """This process's name as ``ps`` and ``psutil.Process.name()`` show it (Linux only)."""
+    if not name or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

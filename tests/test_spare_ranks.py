@@ -1,0 +1,160 @@
+"""Spare ranks (#28): distlab's forkserver forks ranks ahead of the requests while it is idle, and a
+request hands one its run. Pure policy first, then the kernel's own server, then fresh kernels."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from procs import running
+
+import distlab
+from distlab import _forkserver_main as server_main
+from distlab import forkserver
+from distlab.teach import failures
+
+SPARE = forkserver.SPARE_NAME
+
+
+def test_every_module_names_an_idle_spare_alike():
+    from distlab import _spare_rank
+
+    assert forkserver.SPARE_NAME == failures.SPARE_NAME == _spare_rank.SPARE_NAME.decode()
+    assert len(_spare_rank.SPARE_NAME) <= 15  # what Linux keeps of a process name
+
+
+def test_the_policy_keeps_the_floor_then_the_largest_burst_up_to_the_cap():
+    policy = server_main.SparePolicy(floor=2)
+    assert policy.target() == 2
+    for t in (0.0, 0.01, 0.02, 0.03):  # one 4-rank launch
+        policy.requested(t)
+    assert policy.target() == 4
+    policy.requested(5.0)  # a later 1-rank launch does not shrink it
+    assert policy.burst == 1 and policy.target() == 4
+    for t in range(20):
+        policy.requested(10 + t * 0.001)
+    assert policy.target() == server_main.CAP
+    assert server_main.SparePolicy(floor=0).target() == 0  # DISTLAB_SPARE_RANKS=0: none, ever
+    off = server_main.SparePolicy(floor=0)
+    off.requested(0.0)
+    off.requested(0.01)
+    assert off.target() == 0
+
+
+def test_spares_are_forked_when_no_rank_runs_or_a_while_after_the_last_request():
+    policy = server_main.SparePolicy(floor=2)
+    assert policy.fill_timeout(have=0, running=0, now=100.0) == 0.0  # idle: now
+    assert policy.fill_timeout(have=2, running=0, now=100.0) is None  # enough: wait for requests
+    policy.requested(100.0)
+    assert policy.fill_timeout(have=1, running=1, now=100.1) == pytest.approx(server_main.SETTLE_S - 0.1)
+    assert policy.fill_timeout(have=1, running=1, now=101.0) == 0.0  # a long job: now
+    assert policy.fill_timeout(have=1, running=0, now=100.1) == 0.0  # its ranks ended: now
+
+
+@pytest.mark.parametrize("value, count", [("", 2), ("0", 0), ("5", 5), (" 3 ", 3)])
+def test_the_spare_count_comes_from_the_environment(monkeypatch, value, count):
+    monkeypatch.setenv(forkserver.SPARES_VAR, value)
+    assert forkserver.spare_count() == (count if sys.platform.startswith("linux") else 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="spares are Linux-only")
+@pytest.mark.parametrize("value", ["two", "-1", "1.5"])
+def test_a_spare_count_that_is_not_a_whole_number_says_how_to_write_it(monkeypatch, value):
+    monkeypatch.setenv(forkserver.SPARES_VAR, value)
+    with pytest.raises(ValueError, match=r"DISTLAB_SPARE_RANKS=.*whole number of spare ranks \(0 turns them off\)"):
+        forkserver.spare_count()
+
+
+def spares_of(server: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(server).children():
+        try:
+            if p.name() == SPARE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def wait_for_spares(server: int, n: int, timeout: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = sorted(p.pid for p in spares_of(server))
+        if len(pids) >= n:
+            return pids
+        time.sleep(0.02)
+    raise AssertionError(f"the server kept {len(spares_of(server))} spares, not {n}")
+
+
+def my_pid(rank):
+    import os
+
+    return os.getpid()
+
+
+pytestmark_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="spares are Linux-only")
+
+
+@pytestmark_linux
+def test_a_launch_runs_on_the_spares_and_the_server_forks_new_ones():
+    distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver")
+    server = forkserver.server_pid()
+    spares = wait_for_spares(server, 2)
+    ranks = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns
+    assert set(ranks.values()) <= set(spares)  # the ranks are processes that were waiting
+    again = wait_for_spares(server, 2)
+    assert not set(again) & set(ranks.values())  # fresh spares, forked after the launch
+    assert all(running(p) for p in again)
+
+
+@pytestmark_linux
+def test_a_spare_that_died_while_idle_is_replaced_and_the_launch_still_runs():
+    distlab.spawn(my_pid, nprocs=1, view=None, start="forkserver")
+    server = forkserver.server_pid()
+    spares = wait_for_spares(server, 2)
+    for pid in spares:
+        os.kill(pid, signal.SIGKILL)
+    ranks = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns
+    assert len(set(ranks.values())) == 2 and not set(ranks.values()) & set(spares)
+    assert len(wait_for_spares(server, 2)) >= 2
+
+
+@pytestmark_linux
+def test_an_idle_spare_ignores_ctrl_c_and_is_not_a_leftover_worker():
+    distlab.spawn(my_pid, nprocs=1, view=None, start="forkserver")
+    server = forkserver.server_pid()
+    spares = wait_for_spares(server, 2)
+    os.kill(spares[0], signal.SIGINT)  # a Ctrl-C in a terminal reaches the whole process group
+    time.sleep(0.3)
+    assert running(spares[0])
+    assert not {p.pid for p in failures.worker_processes()} & set(spares)
+
+
+KERNEL = """
+import os, sys, time, psutil, distlab
+from distlab import forkserver
+
+def my_pid(rank):
+    import os
+    return os.getpid()
+
+first = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns
+server = forkserver.server_pid()
+time.sleep(1.0)  # time enough to fork spares, if any were wanted
+names = [p.name() for p in psutil.Process(server).children()]
+print("RESULT", len(first), names.count(forkserver.SPARE_NAME), flush=True)
+"""
+
+
+@pytestmark_linux
+@pytest.mark.parametrize("value, spares", [("0", 0), ("3", 3)])
+def test_the_environment_sets_how_many_spares_a_new_server_keeps(tmp_path, value, spares):
+    env = {**os.environ, forkserver.SPARES_VAR: value}
+    env.pop("DISTLAB_START", None)
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(KERNEL)
+    out = subprocess.run([sys.executable, str(kernel)], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("RESULT", 1)[1].split() == ["2", str(spares)]
