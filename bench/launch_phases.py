@@ -4,10 +4,17 @@ and inside the job on each rank. Prints the median time from the call of ``distl
 each step, then ``ratio: X`` = median launch / median time until the last rank entered the job
 (how much of a launch is not starting ranks).
 
-Usage: python bench/launch_phases.py [--repeats 9]
+Step "d2" is when the last rank's process got its run: a spare rank the server forked ahead
+(``distlab._spare_rank``) records it; a rank forked on request has none. ``--busy`` keeps both
+cores busy with two spinning processes meanwhile; ``--gap S`` waits S seconds between launches
+(the server forks its spares in such gaps, as between a learner's cells).
+
+Usage: python bench/launch_phases.py [--repeats 9] [--busy] [--gap 0.1]
 """
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -27,7 +34,10 @@ def job(rank, world_size):
     t = torch.ones(4)
     dist.all_reduce(t)
     dist.destroy_process_group()
-    return entered, joined, time.time()
+    from distlab import _spare_rank
+
+    received = _spare_rank.RECEIVED[0] if _spare_rank.RECEIVED else None
+    return entered, joined, time.time(), received
 
 
 def _mark(name: str) -> None:
@@ -68,6 +78,8 @@ def one_launch() -> float:
     ranks = res.returns.values()
     _marks["e. last rank entered the job"] = max(r[0] for r in ranks)
     _marks["f. group formed, last rank done"] = max(r[2] for r in ranks)
+    if all(r[3] is not None for r in ranks):
+        _marks["d2. last rank received its run"] = max(r[3] for r in ranks)
     _marks["k. spawn returned"] = end
     for name, when in _marks.items():
         STEPS.setdefault(name, []).append(when - start)
@@ -77,10 +89,20 @@ def one_launch() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--busy", action="store_true", help="two processes keep both cores busy")
+    parser.add_argument("--gap", type=float, default=0.1, help="seconds between launches")
     args = parser.parse_args()
     instrument()
     distlab.spawn(job, args=(2,), nprocs=2, view=None)  # starts the forkserver
-    totals = [one_launch() for _ in range(args.repeats)]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 if args.busy else 0)]
+    totals = []
+    try:
+        for _ in range(args.repeats):
+            time.sleep(args.gap)
+            totals.append(one_launch())
+    finally:
+        for p in busy:
+            p.kill()
     print(f"{'step':<36}{'median s':>10}")
     for name in sorted(STEPS):
         print(f"{name:<36}{statistics.median(STEPS[name]):>10.3f}")

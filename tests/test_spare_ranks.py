@@ -158,3 +158,76 @@ def test_the_environment_sets_how_many_spares_a_new_server_keeps(tmp_path, value
     out = subprocess.run([sys.executable, str(kernel)], env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("RESULT", 1)[1].split() == ["2", str(spares)]
+
+
+def test_a_rank_tells_its_exit_code_on_the_status_pipe():
+    from multiprocessing import forkserver as mp_forkserver
+
+    from distlab import _spare_rank
+
+    r, w = os.pipe()
+    try:
+        _spare_rank.tell_exit(w, 3)
+        assert mp_forkserver.read_signed(r) == 3
+        os.close(r)
+        r = None
+        _spare_rank.tell_exit(w, 0)  # the launcher went: nothing raised
+    finally:
+        for fd in (r, w):
+            if fd is not None:
+                os.close(fd)
+
+
+class _Finalizer:
+    def __init__(self, active=True):
+        self.active = active
+
+    def still_active(self):
+        return self.active
+
+
+def _popen_on(sentinel, active=True):
+    popen = forkserver._RankPopen.__new__(forkserver._RankPopen)
+    popen.sentinel, popen.finalizer, popen.returncode = sentinel, _Finalizer(active), 0
+    return popen
+
+
+def test_a_rank_is_gone_when_the_server_reports_reaping_it_or_the_pipe_ends():
+    r, w = os.pipe()
+    try:
+        popen = _popen_on(r)
+        assert popen.wait_gone(time.monotonic() + 0.2) is False  # nothing yet: still there
+        os.write(w, b"\0" * 4)
+        assert popen.wait_gone(time.monotonic() + 0.2) is False  # half a message is not one
+        os.write(w, b"\0" * 8)  # the server's copy of the exit status, written once it reaped the rank
+        assert popen.wait_gone(time.monotonic() + 5) is True
+        os.close(w)
+        w = None
+        assert popen.wait_gone(time.monotonic() + 5) is True  # the pipe ended: gone
+        assert _popen_on(r, active=False).wait_gone(time.monotonic()) is True  # its fd closed: never read
+    finally:
+        for fd in (r, w):
+            if fd is not None:
+                os.close(fd)
+
+
+@pytestmark_linux
+def test_a_launch_returns_only_once_its_ranks_are_gone():
+    for _ in range(5):
+        pids = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns.values()
+        assert [p for p in pids if running(p)] == []
+
+
+def exits_with(rank):
+    import sys
+
+    if rank == 1:
+        sys.exit(3)
+    return rank
+
+
+@pytestmark_linux
+def test_a_rank_that_exits_with_a_code_fails_the_launch_with_that_rank():
+    with pytest.raises(distlab.WorkerFailedError) as info:
+        distlab.spawn(exits_with, nprocs=2, view=None, start="forkserver")
+    assert info.value.rank == 1 and info.value.exitcode == 3  # the code the rank told is the one it exited with

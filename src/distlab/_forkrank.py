@@ -15,7 +15,7 @@ from multiprocessing import forkserver as mp_forkserver
 import psutil  # noqa: F401  (preloaded for worker._loopback_interface)
 import torch
 
-from . import retired_groups, worker
+from . import _spare_rank, retired_groups, worker
 from .launchmode import LOG_VARS, rank_environment
 
 
@@ -26,6 +26,7 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     (``distlab.forkserver.preparation_data``).
     """
     _close_alive_pipe()
+    _spare_rank.TELL_EXIT_EARLY = True  # the launch waits for this process to be gone (engine.cleanup)
     stdout, stderr = (os.environ.get(name, "") for name in LOG_VARS)
     env = rank_environment(kernel["env"], dict(os.environ))
     replace_environment(env)

@@ -127,32 +127,41 @@ class Server:
             return
         child_r, child_w, *inherited = fds
         self.policy.requested(time.monotonic())
-        pid = self.hand_to_spare(child_r, inherited) or self.fork_child(child_r, inherited)
-        try:
-            mp_forkserver.write_signed(child_w, pid)
-        except BrokenPipeError:  # the client went
-            pass
+        spare = self.live_spare()
+        if spare is None:
+            pid = self.fork_child(child_r, child_w, inherited)
+            _tell(child_w, pid)
+        else:  # the pid goes first, before the spare can write its exit code on the same pipe
+            pid = spare.pid
+            _tell(child_w, pid)
+            try:
+                reduction.sendfds(spare.sock, [child_r, child_w, *inherited])
+            except OSError:  # it died a moment ago: its exit status follows when it is reaped
+                pass
+            finally:
+                spare.sock.close()
         self.children[pid] = child_w
         _close([child_r, *inherited])
 
-    def hand_to_spare(self, child_r: int, inherited: list[int]) -> int | None:
-        """The pid of the spare that took the request, or None when none is left alive."""
+    def live_spare(self) -> Spare | None:
+        """The oldest spare still alive (one that died while idle is reaped here), or None."""
         while self.spares:
             spare = self.spares.popleft()
             try:
-                reduction.sendfds(spare.sock, [child_r, *inherited])
-                return spare.pid
-            except OSError:  # it died while idle (reaped later)
-                continue
-            finally:
-                spare.sock.close()
+                gone, _ = os.waitpid(spare.pid, os.WNOHANG)
+            except ChildProcessError:
+                gone = spare.pid
+            if not gone:
+                return spare
+            spare.sock.close()
         return None
 
-    def fork_child(self, child_r: int, inherited: list[int]) -> int:
+    def fork_child(self, child_r: int, child_w: int, inherited: list[int]) -> int:
         """CPython's way: fork now, for this request."""
         importlib.invalidate_caches()  # before the fork: the child inherits fresh caches
         pid = os.fork()
         if pid == 0:
+            os.close(child_w)
             self._in_child(self._restore_signals_then_run, child_r, inherited)
         return pid
 
@@ -184,10 +193,7 @@ class Server:
             if status_w is None:
                 self._forget_spare(pid)
                 continue
-            try:
-                mp_forkserver.write_signed(status_w, os.waitstatus_to_exitcode(status))
-            except BrokenPipeError:
-                pass
+            _tell(status_w, os.waitstatus_to_exitcode(status))  # (a spare's rank may have said it already)
             os.close(status_w)
 
     def _forget_spare(self, pid: int) -> None:
@@ -216,6 +222,13 @@ class Server:
         for sig, handler in self.handlers.items():
             signal.signal(sig, handler)
         return _spare_rank.become_rank(child_r, inherited)
+
+
+def _tell(status_w: int, number: int) -> None:
+    try:
+        mp_forkserver.write_signed(status_w, number)
+    except BrokenPipeError:  # the client went
+        pass
 
 
 def _close(fds) -> None:

@@ -56,8 +56,8 @@ def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: byt
     process name a rank has (the server's; a spare is forked already named ``distlab-spare``)."""
     warm_up(server_pid)
     try:
-        fds = reduction.recvfds(sock, max_fds)
-    except (EOFError, OSError):
+        child_r, status_w, *inherited = reduction.recvfds(sock, max_fds)
+    except (EOFError, OSError, ValueError):
         return 0
     finally:
         sock.close()
@@ -67,7 +67,26 @@ def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: byt
     importlib.invalidate_caches()  # a module written since this spare was forked must be found
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
-    return become_rank(fds[0], fds[1:])
+    code = become_rank(child_r, inherited)
+    if TELL_EXIT_EARLY:
+        tell_exit(status_w, code)
+    return code
+
+
+TELL_EXIT_EARLY = False  # set by a rank of a launch (distlab._forkrank), whose launcher waits for the exit
+
+
+def tell_exit(status_w: int, code: int) -> None:
+    """Write this rank's exit code where the launcher reads it, now, not after the process is gone.
+
+    The server writes it too, once it has reaped the process; but tearing down a process that
+    holds torch takes 6-10 ms (``bench/launch_phases.py``), and the launch's agent waits for every
+    rank's exit code. Only a rank of a launch does it (its launcher then waits for the process to
+    be gone, ``distlab.forkserver.wait_gone``), after its last line of Python has run."""
+    try:
+        mp_forkserver.write_signed(status_w, code)
+    except OSError:
+        pass
 
 
 def warm_up(server_pid: int) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import forklaunch, privtmp, rendezvous, watch
+from . import forklaunch, launchmode, privtmp, rendezvous, watch
 from .compat import check_torch
 from .errors import (
     AGENT_FAILED,
@@ -185,7 +185,8 @@ def run_to_the_end(plan: Plan, watcher: watch.Watcher) -> Outcome:
 def cleanup(plan: Plan, watcher: watch.Watcher) -> None:
     """Stop everything the run started. Every step runs even if one fails; each may be repeated."""
     steps = (watcher.finish, watcher.stop_agent, lambda: watch.stop_workers(plan.elastic_run_id),
-             lambda: rendezvous.close_handler(plan.run_id))
+             lambda: rendezvous.close_handler(plan.run_id),
+             lambda: launchmode.wait_forked_ranks_gone(plan.elastic_run_id))  # they told their exit early
     errors = []
     for step in steps:
         try:

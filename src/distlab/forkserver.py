@@ -171,6 +171,27 @@ class _RankPopen(popen_forkserver.Popen):
     def pid(self, value: int) -> None:
         self._pid = value
 
+    def wait_gone(self, deadline: float) -> bool:
+        """After the exit code was read: wait until the process is gone. The server writes the
+        exit status once it has reaped the process, then closes the pipe: a rank that told its
+        code early (``distlab._spare_rank.tell_exit``) is gone with that second message, any other
+        rank was gone already (the pipe ends)."""
+        import time
+
+        got = b""
+        while self.finalizer.still_active():  # else the fd is closed (and its number maybe reused)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not mp_connection.wait([self.sentinel], remaining):
+                return False
+            try:
+                data = os.read(self.sentinel, 64)
+            except OSError:
+                return True
+            got += data
+            if not data or len(got) >= mp_forkserver.SIGNED_STRUCT.size:
+                return True
+        return True
+
     def poll(self, flag=os.WNOHANG):
         if self.returncode is None and self._pid is None:
             if flag == os.WNOHANG and not mp_connection.wait([self.sentinel], 0):
@@ -332,26 +353,40 @@ def launching(run_id: str):
 
 def live_ranks(run_id: str) -> dict:
     """rank -> psutil.Process of the run's forked ranks still alive (for the watcher's timeout,
-    stack dumps and clean-up). A rank whose number is unknown gets a negative key."""
+    stack dumps and clean-up). A rank whose number is unknown gets a negative key. A rank that
+    told its exit code is leaving (``distlab._spare_rank.tell_exit``): not counted, but remembered
+    until :func:`wait_gone`."""
     import psutil
 
     with _LOCK:
         tracked = list(_RANKS.get(run_id, ()))
-    alive = []
+    alive, leaving = [], []
     for popen in tracked:
         try:
             popen.pid  # noqa: B018  (makes popen.handle)
             if popen.handle is not None and popen.handle.is_running() and \
                     popen.handle.status() != psutil.STATUS_ZOMBIE:
-                alive.append(popen)
+                (alive if popen.returncode is None else leaving).append(popen)
         except (OSError, EOFError, psutil.Error):  # never forked, or gone
             pass
     with _LOCK:
-        if alive:
-            _RANKS[run_id] = alive
+        if alive or leaving:
+            _RANKS[run_id] = alive + leaving
         else:
             _RANKS.pop(run_id, None)
     return {popen.rank if popen.rank is not None else -1 - i: popen.handle for i, popen in enumerate(alive)}
+
+
+def wait_gone(run_id: str, timeout: float = 10.0) -> bool:
+    """Wait until every rank of the run that has told its exit code is gone from the machine:
+    the server has reaped it (it then closes the status pipe) and the rank's own copy of the
+    pipe closed when it exited. False if some rank is still there at ``timeout``."""
+    import time
+
+    with _LOCK:
+        tracked = _RANKS.pop(run_id, [])
+    deadline = time.monotonic() + timeout
+    return all([popen.wait_gone(deadline) for popen in tracked if popen.returncode is not None])
 
 
 def rank_of(process_obj, default=None):

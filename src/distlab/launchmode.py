@@ -81,6 +81,13 @@ def forked_ranks(run_id: str) -> dict:
     return module.live_ranks(run_id) if module is not None else {}
 
 
+def wait_forked_ranks_gone(run_id: str) -> None:
+    """Return once the run's forked ranks that told their exit code have also left the machine."""
+    module = sys.modules.get("distlab.forkserver")
+    if module is not None:
+        module.wait_gone(run_id)
+
+
 def forkserver_pid() -> int | None:
     """The pid of distlab's forkserver in this process, if it runs: a helper that lives as long as
     the kernel by design (the ranks it forks are workers, it is not)."""
