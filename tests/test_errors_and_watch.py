@@ -175,3 +175,18 @@ def test_descendants_from_proc_are_psutils_children():
         for p in psutil.Process(child.pid).children(recursive=True) + [psutil.Process(child.pid)]:
             p.kill()
         child.wait()
+
+
+def test_the_environment_search_skips_the_forkserver_and_what_it_forked_but_not_their_children(monkeypatch):
+    import os
+
+    import psutil
+
+    from distlab import watch
+
+    me = os.getpid()
+    tree = [(101, me), (102, 101), (103, 101), (104, 103), (105, me)]  # 101: the server; 102, 103: its forks
+    monkeypatch.setattr(watch, "_tree_from_proc", lambda pid: tree if pid == me else None)
+    monkeypatch.setattr(psutil, "Process", lambda pid: pid)
+    assert watch._environ_candidates(101) == [104, 105]  # a rank's own child, a process of the kernel
+    assert watch._environ_candidates(None) == [101, 102, 103, 104, 105]  # no server: everything below the kernel

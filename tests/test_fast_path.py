@@ -341,3 +341,31 @@ def test_a_module_written_after_the_server_started_is_found_by_its_ranks(tmp_pat
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs"), "PYTHONPATH": pythonpath})
     assert "RESULT {0: 42, 1: 42}" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_torchelastic_asks_for_the_host_name_once_per_kernel(monkeypatch):
+    from torch.distributed.elastic.agent.server import api as agent_api
+
+    from distlab import engine
+
+    engine._events_ask_first()
+    asked = []
+    monkeypatch.setattr(agent_api.socket, "getfqdn", lambda *a: asked.append(1) or "host.example")
+    agent_api._get_fq_hostname.cache_clear()
+    assert agent_api._get_fq_hostname() == agent_api._get_fq_hostname() == "host.example"
+    assert len(asked) == 1
+
+
+def test_setting_levels_empties_only_the_caches_of_the_loggers_it_sets():
+    import logging
+
+    from distlab import engine
+
+    quiet, other = logging.getLogger("distlab-test.quiet"), logging.getLogger("distlab-test.other")
+    quiet.setLevel(logging.WARNING)
+    assert quiet.isEnabledFor(logging.WARNING) and other.isEnabledFor(logging.WARNING)
+    engine._set_levels({"distlab-test.quiet": logging.CRITICAL})
+    assert not quiet.isEnabledFor(logging.WARNING)  # its cached answer was dropped
+    assert other._cache  # another logger's cache was left alone
+    engine._set_levels({"distlab-test.quiet": logging.WARNING})
+    assert quiet.isEnabledFor(logging.WARNING)

@@ -47,6 +47,12 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
 def _children_from_proc(pid: int) -> list[int] | None:
     """Every pid below ``pid`` from ``/proc/<pid>/task/<tid>/children``; None where the kernel
     has no such files (then psutil's way is used)."""
+    tree = _tree_from_proc(pid)
+    return None if tree is None else [child for child, _ in tree]
+
+
+def _tree_from_proc(pid: int) -> list[tuple[int, int]] | None:
+    """(pid, parent pid) of every process below ``pid``, from the ``children`` files."""
     if not os.path.exists(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/children"):
         return None
     found, todo = [], [pid]
@@ -62,24 +68,43 @@ def _children_from_proc(pid: int) -> list[int] | None:
                     kids = [int(k) for k in f.read().split()]
             except (OSError, ValueError):  # a thread that just ended
                 continue
-            found += kids
+            found += [(kid, parent) for kid in kids]
             todo += kids
     return found
 
 
 def our_workers(run_id: str) -> list[psutil.Process]:
     """Live descendants of this process that belong to run ``run_id`` (torchelastic sets the id)."""
+    from .launchmode import forked_ranks, forkserver_pid
+
+    server = forkserver_pid()
     found = []
-    for p in descendants():
+    for p in _environ_candidates(server):
         try:
             if p.environ().get("TORCHELASTIC_RUN_ID") == run_id:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     # -- start-mode hook (#18): a forked rank's /proc environment is the forkserver's, not its own
-    from .launchmode import forked_ranks
-
     return found + [p for p in forked_ranks(run_id).values() if p not in found]
+
+
+def _environ_candidates(server: int | None) -> list[psutil.Process]:
+    """The descendants whose ``/proc`` environment may name a run: not the forkserver nor the
+    processes it forked (ranks and spare ranks: their ``/proc`` environment is the server's; a
+    forked rank is known by its pid instead). Processes *they* started are candidates."""
+    tree = _tree_from_proc(os.getpid()) if server is not None else None
+    if tree is None:
+        return descendants()
+    found = []
+    for pid, parent in tree:
+        if server in (pid, parent):
+            continue
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.Error:  # gone meanwhile
+            pass
+    return found
 
 
 def verified_workers(run_id: str, ready: dict[int, int]) -> dict[int, psutil.Process]:
