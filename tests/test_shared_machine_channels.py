@@ -234,6 +234,8 @@ def test_a_forkserver_with_an_abstract_socket_is_refused_once_with_its_reason(mo
     monkeypatch.setattr(forklaunch, "_REFUSAL_SAID", [])
     reason = peercred.abstract_socket_reason("\0listener-1")  # what CPython 3.11.0 would give
     monkeypatch.setattr(peercred, "abstract_socket_reason", lambda: reason)
+    # such a Python never had a server running: a running one (from an earlier test) is not asked again
+    monkeypatch.setattr(forkserver, "_running", lambda pid: False)
     with pytest.warns(RuntimeWarning, match=r"not using a forkserver \(this Python .* abstract namespace, which any "
                                             r"local user can connect to \(CVE-2022-42919\)\)"):
         first = distlab.spawn(CELLS["ok"], nprocs=2, view=None, start="forkserver")

@@ -231,3 +231,24 @@ def test_a_rank_that_exits_with_a_code_fails_the_launch_with_that_rank():
     with pytest.raises(distlab.WorkerFailedError) as info:
         distlab.spawn(exits_with, nprocs=2, view=None, start="forkserver")
     assert info.value.rank == 1 and info.value.exitcode == 3  # the code the rank told is the one it exited with
+
+
+class _NoKeeper:
+    def put(self, _):
+        raise AssertionError("asked the keeper thread")
+
+
+@pytestmark_linux
+def test_a_running_server_is_found_without_the_keeper_and_a_dead_one_is_started_again(monkeypatch):
+    server = forkserver.ensure_server()
+    monkeypatch.setattr(forkserver._KEEPER, "requests", _NoKeeper())
+    assert forkserver.ensure_server() == server  # running: answered at once
+    monkeypatch.undo()
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while forkserver._running(server) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not forkserver._running(server)
+    again = forkserver.ensure_server()
+    assert again != server and forkserver._running(again)
+    assert distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns.keys() == {0, 1}
