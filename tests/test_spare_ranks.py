@@ -12,7 +12,7 @@ from procs import running
 
 import distlab
 from distlab import _forkserver_main as server_main
-from distlab import forkserver
+from distlab import forkserver, launchmode
 from distlab.teach import failures
 
 SPARE = forkserver.SPARE_NAME
@@ -21,7 +21,7 @@ SPARE = forkserver.SPARE_NAME
 def test_every_module_names_an_idle_spare_alike():
     from distlab import _spare_rank
 
-    assert forkserver.SPARE_NAME == failures.SPARE_NAME == _spare_rank.SPARE_NAME.decode()
+    assert forkserver.SPARE_NAME == launchmode.SPARE_NAME == _spare_rank.SPARE_NAME.decode()
     assert len(_spare_rank.SPARE_NAME) <= 15  # what Linux keeps of a process name
 
 
@@ -252,3 +252,75 @@ def test_a_running_server_is_found_without_the_keeper_and_a_dead_one_is_started_
     again = forkserver.ensure_server()
     assert again != server and forkserver._running(again)
     assert distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns.keys() == {0, 1}
+
+
+@pytestmark_linux
+def test_the_spare_ranks_are_listed_oldest_first_and_become_the_next_ranks():
+    distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver")
+    waiting = launchmode.spare_ranks(at_least=2)
+    assert len(waiting) >= 2 and set(waiting) <= {p.pid for p in spares_of(forkserver.server_pid())}
+    ranks = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns
+    assert sorted(ranks.values()) == sorted(waiting[:2])  # the two that waited longest
+
+
+def test_after_a_refused_fork_the_next_spare_waits_and_requests_are_still_served():
+    policy = server_main.SparePolicy(floor=2)
+    policy.retry_at = 100.0 + server_main.RETRY_S
+    assert policy.fill_timeout(have=0, running=0, now=100.0) == pytest.approx(server_main.RETRY_S)
+    assert policy.fill_timeout(have=0, running=0, now=101.5) == 0.0
+
+
+def test_a_spare_the_system_refuses_is_tried_again_later(monkeypatch):
+    server = server_main.Server.__new__(server_main.Server)
+    server.policy = server_main.SparePolicy(floor=2)
+
+    def refused():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(server, "_fork_spare", refused)
+    before = time.monotonic()
+    server.add_spare()  # no exception: the server goes on serving
+    assert server.policy.retry_at >= before + server_main.RETRY_S
+
+
+@pytestmark_linux
+def test_a_spare_given_a_run_tells_its_exit_code_while_it_is_still_there():
+    import socket
+    from multiprocessing import forkserver as mp_forkserver
+    from multiprocessing import reduction
+
+    from distlab import _spare_rank
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    status_r, status_w = os.pipe()
+    proc_r, proc_w = os.pipe()
+    gate_r, gate_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the spare: its "rank" returns 7, then it waits at the gate before it exits
+        code = 1
+        try:
+            ours.close()
+            _spare_rank.warm_up = lambda server_pid: None
+            _spare_rank.become_rank = lambda child_r, inherited: 7
+            _spare_rank.TELL_EXIT_EARLY = True
+            code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, _spare_rank.process_name())
+            os.read(gate_r, 1)
+        finally:
+            os._exit(code)
+    try:
+        theirs.close()
+        reduction.sendfds(ours, [proc_r, status_w])
+        os.close(status_w)
+        import select
+
+        assert select.select([status_r], [], [], 10)[0], "no exit code while the rank was still there"
+        assert mp_forkserver.read_signed(status_r) == 7  # told...
+        assert running(pid)  # ...while the process is still there
+        os.write(gate_w, b"x")
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+    finally:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+        for fd in (status_r, proc_r, proc_w, gate_r, gate_w):
+            os.close(fd)
+        ours.close()

@@ -37,6 +37,7 @@ MAX_FDS = mp_forkserver.MAXFDS_TO_SEND
 CAP = 8  # spares at most (an idle spare costs a few MB: the pages it has written)
 BURST_GAP_S = 0.1  # requests closer than this belong to one launch
 SETTLE_S = 0.5  # with children running, new spares wait this long after the last request
+RETRY_S = 1.0  # after a fork the system refused, the next spare waits this long
 
 
 @dataclasses.dataclass
@@ -48,6 +49,7 @@ class SparePolicy:
     largest: int = 0
     burst: int = 0
     last: float = float("-inf")
+    retry_at: float = float("-inf")
 
     def requested(self, now: float) -> None:
         self.burst = self.burst + 1 if now - self.last < BURST_GAP_S else 1
@@ -65,6 +67,8 @@ class SparePolicy:
         last request (a long job, or warm ranks kept open)."""
         if have >= self.target():
             return None
+        if now < self.retry_at:  # the last fork failed
+            return self.retry_at - now
         return 0.0 if running == 0 else max(0.0, self.last + SETTLE_S - now)
 
 
@@ -129,7 +133,11 @@ class Server:
         self.policy.requested(time.monotonic())
         spare = self.live_spare()
         if spare is None:
-            pid = self.fork_child(child_r, child_w, inherited)
+            try:
+                pid = self.fork_child(child_r, child_w, inherited)
+            except OSError:  # no fork possible now: the client reads the end of the pipe, not a pid
+                _close(fds)
+                return
             _tell(child_w, pid)
         else:  # the pid goes first, before the spare can write its exit code on the same pipe
             pid = spare.pid
@@ -166,6 +174,14 @@ class Server:
         return pid
 
     def add_spare(self) -> None:
+        """Fork one more spare. Where the system refuses (no memory, too many processes or files),
+        the server tries again only ``RETRY_S`` later, and goes on serving meanwhile."""
+        try:
+            self._fork_spare()
+        except OSError:
+            self.policy.retry_at = time.monotonic() + RETRY_S
+
+    def _fork_spare(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         server_pid = os.getpid()
         _spare_rank.set_name(_spare_rank.SPARE_NAME)  # inherited: a spare has its name from its first instant
@@ -174,9 +190,12 @@ class Server:
             if pid == 0:
                 ours.close()
                 self._in_child(_spare_rank.wait_then_run, theirs, server_pid, self.handlers, MAX_FDS + 1, self.name)
+        except OSError:
+            ours.close()
+            raise
         finally:
             _spare_rank.set_name(self.name)
-        theirs.close()
+            theirs.close()
         self.spares.append(Spare(pid, ours))
 
     def reap(self) -> None:

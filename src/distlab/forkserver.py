@@ -30,10 +30,12 @@ from multiprocessing import forkserver as mp_forkserver
 from multiprocessing import popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing import process as mp_process
 
+from . import launchmode
+
 START_METHOD = "distlab-forkserver"
 PRELOAD = ["distlab._forkserver_boot"]  # torch and distlab's rank runtime: see that module
 SPARES_VAR = "DISTLAB_SPARE_RANKS"  # how many ranks the server forks ahead (default 2; 0: none)
-SPARE_NAME = "distlab-spare"  # an idle spare's process name (see distlab._spare_rank)
+SPARE_NAME = launchmode.SPARE_NAME  # an idle spare's process name (see distlab._spare_rank)
 
 
 class _ForkServer(mp_forkserver.ForkServer):

@@ -93,3 +93,33 @@ def forkserver_pid() -> int | None:
     the kernel by design (the ranks it forks are workers, it is not)."""
     module = sys.modules.get("distlab.forkserver")
     return module.server_pid() if module is not None else None
+
+
+SPARE_NAME = "distlab-spare"  # an idle spare rank's process name (distlab._spare_rank sets it)
+
+
+def spare_ranks(at_least: int = 0, timeout: float = 5.0) -> list[int]:
+    """The pids of the forkserver's idle spare ranks, oldest first: the processes the next launch's
+    ranks will be (Linux; none elsewhere, or without a server). Waits up to ``timeout`` seconds for
+    ``at_least`` of them (the server forks them right after a launch's ranks have exited)."""
+    import time
+
+    import psutil
+
+    server = forkserver_pid()
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        try:
+            children = psutil.Process(server).children() if server is not None else []
+        except psutil.NoSuchProcess:
+            children = []
+        for p in children:
+            try:
+                if p.name() == SPARE_NAME:
+                    found.append((p.create_time(), p.pid))
+            except psutil.NoSuchProcess:
+                pass
+        if len(found) >= at_least or time.monotonic() >= deadline or not sys.platform.startswith("linux"):
+            return [pid for _, pid in sorted(found)]
+        time.sleep(0.01)

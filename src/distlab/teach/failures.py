@@ -23,9 +23,6 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func
 
 # --- leftovers ---------------------------------------------------------------------------------
 
-SPARE_NAME = "distlab-spare"  # distlab.forkserver.SPARE_NAME (not imported: that module is POSIX-only)
-
-
 def worker_processes(pid: int | None = None) -> list[psutil.Process]:
     """Every process below ``pid`` (default: this kernel) that still exists, zombies included,
     except the ones kept on purpose (the forkserver, the resource tracker, open warm ranks).
@@ -57,7 +54,7 @@ def _is_multiprocessing_helper(p: psutil.Process) -> bool:
     this process), distlab's forkserver (started by the first launch; the ranks it forks are
     workers) and the server's idle spare ranks live as long as their parent by design; they are
     not workers."""
-    from distlab.launchmode import forkserver_pid
+    from distlab.launchmode import SPARE_NAME, forkserver_pid
 
     server = forkserver_pid()
     if p.pid == server:
