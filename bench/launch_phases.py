@@ -4,10 +4,11 @@ and inside the job on each rank. Prints the median time from the call of ``distl
 each step, then ``ratio: X`` = median launch / median time until the last rank entered the job
 (how much of a launch is not starting ranks).
 
-Step "d2" is when the last rank's process got its run: a spare rank the server forked ahead
-(``distlab._spare_rank``) records it; a rank forked on request has none. ``--busy`` keeps both
-cores busy with two spinning processes meanwhile; ``--gap S`` waits S seconds between launches
-(the server forks its spares in such gaps, as between a learner's cells).
+It also prints the median CPU time this process (the kernel) spent per launch. Step "d2" is when
+the last rank's process got its run: a spare rank the server forked ahead (``distlab._spare_rank``)
+records it; a rank forked on request has none. ``--busy`` keeps both cores busy with two spinning
+processes meanwhile; ``--gap S`` waits S seconds between launches (the server forks its spares in
+such gaps, as between a learner's cells).
 
 Usage: python bench/launch_phases.py [--repeats 9] [--busy] [--gap 0.1]
 """
@@ -34,9 +35,11 @@ def job(rank, world_size):
     t = torch.ones(4)
     dist.all_reduce(t)
     dist.destroy_process_group()
-    from distlab import _spare_rank
-
-    received = _spare_rank.RECEIVED[0] if _spare_rank.RECEIVED else None
+    try:
+        from distlab import _spare_rank
+    except ImportError:  # a distlab from before spare ranks (for before/after comparisons)
+        _spare_rank = None
+    received = _spare_rank.RECEIVED[0] if _spare_rank is not None and _spare_rank.RECEIVED else None
     return entered, joined, time.time(), received
 
 
@@ -70,11 +73,16 @@ def instrument() -> None:
     _around(engine, "collect", "j. results read")
 
 
+KERNEL_CPU: list[float] = []  # this process's CPU time per launch (every thread), in seconds
+
+
 def one_launch() -> float:
     _marks.clear()
+    cpu = time.process_time()
     start = time.time()
     res = distlab.spawn(job, args=(2,), nprocs=2, view=None)
     end = time.time()
+    KERNEL_CPU.append(time.process_time() - cpu)
     ranks = res.returns.values()
     _marks["e. last rank entered the job"] = max(r[0] for r in ranks)
     _marks["f. group formed, last rank done"] = max(r[2] for r in ranks)
@@ -106,6 +114,7 @@ def main() -> None:
     print(f"{'step':<36}{'median s':>10}")
     for name in sorted(STEPS):
         print(f"{name:<36}{statistics.median(STEPS[name]):>10.3f}")
+    print(f"kernel CPU per launch: median {statistics.median(KERNEL_CPU) * 1000:.1f} ms (every thread of this process)")
     entered = statistics.median(STEPS["e. last rank entered the job"])
     print(f"ratio: {statistics.median(totals) / entered:.3f}")
 
