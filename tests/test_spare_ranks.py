@@ -324,3 +324,48 @@ def test_a_spare_given_a_run_tells_its_exit_code_while_it_is_still_there():
         for fd in (status_r, proc_r, proc_w, gate_r, gate_w):
             os.close(fd)
         ours.close()
+
+
+@pytestmark_linux
+def test_a_process_the_rank_forked_does_not_tell_an_exit_code_for_the_rank():
+    import select
+    import socket
+    from multiprocessing import forkserver as mp_forkserver
+    from multiprocessing import reduction
+
+    from distlab import _spare_rank
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    status_r, status_w = os.pipe()
+    proc_r, proc_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the spare; its "rank" forks a child that returns 9 first, then returns 7 itself
+        code = 1
+        try:
+            ours.close()
+            _spare_rank.warm_up = lambda server_pid: None
+
+            def forking_rank(child_r, inherited):
+                if os.fork() == 0:
+                    return 9
+                time.sleep(0.5)
+                return 7
+
+            _spare_rank.become_rank = forking_rank
+            _spare_rank.TELL_EXIT_EARLY = True
+            code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, _spare_rank.process_name())
+        finally:
+            os._exit(code)
+    try:
+        theirs.close()
+        reduction.sendfds(ours, [proc_r, status_w])
+        os.close(status_w)
+        assert select.select([status_r], [], [], 10)[0]
+        assert mp_forkserver.read_signed(status_r) == 7  # the rank's code, not its child's
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+    finally:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+        for fd in (status_r, proc_r, proc_w):
+            os.close(fd)
+        ours.close()

@@ -67,8 +67,9 @@ def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: byt
     importlib.invalidate_caches()  # a module written since this spare was forked must be found
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
+    me = os.getpid()
     code = become_rank(child_r, inherited)
-    if TELL_EXIT_EARLY:
+    if TELL_EXIT_EARLY and os.getpid() == me:  # not a process the rank forked that returned here
         tell_exit(status_w, code)
     return code
 
