@@ -283,10 +283,11 @@ def test_a_spare_the_system_refuses_is_tried_again_later(monkeypatch):
     assert server.policy.retry_at >= before + server_main.RETRY_S
 
 
-@pytestmark_linux
-def test_a_spare_given_a_run_tells_its_exit_code_while_it_is_still_there():
+def _spare_with(rank, after=lambda: None):
+    """Fork a spare (a copy of this process) whose rank is ``rank``; hand it a run. Returns the
+    spare's pid and the launcher's end of its status pipe. ``after`` runs in the spare once the
+    rank returned, before it exits with the rank's code."""
     import socket
-    from multiprocessing import forkserver as mp_forkserver
     from multiprocessing import reduction
 
     from distlab import _spare_rank
@@ -294,78 +295,63 @@ def test_a_spare_given_a_run_tells_its_exit_code_while_it_is_still_there():
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe()
     proc_r, proc_w = os.pipe()
-    gate_r, gate_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the spare: its "rank" returns 7, then it waits at the gate before it exits
+    if pid == 0:
         code = 1
         try:
             ours.close()
             _spare_rank.warm_up = lambda server_pid: None
-            _spare_rank.become_rank = lambda child_r, inherited: 7
+            _spare_rank.become_rank = rank
             _spare_rank.TELL_EXIT_EARLY = True
             code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, _spare_rank.process_name())
-            os.read(gate_r, 1)
+            after()
         finally:
             os._exit(code)
-    try:
-        theirs.close()
-        reduction.sendfds(ours, [proc_r, status_w])
-        os.close(status_w)
-        import select
+    theirs.close()
+    reduction.sendfds(ours, [proc_r, status_w])
+    for fd in (status_w, proc_r, proc_w):
+        os.close(fd)
+    ours.close()
+    return pid, status_r
 
-        assert select.select([status_r], [], [], 10)[0], "no exit code while the rank was still there"
-        assert mp_forkserver.read_signed(status_r) == 7  # told...
+
+def _told_code(status_r) -> int:
+    import select
+    from multiprocessing import forkserver as mp_forkserver
+
+    assert select.select([status_r], [], [], 10)[0], "no exit code while the rank was still there"
+    return mp_forkserver.read_signed(status_r)
+
+
+@pytestmark_linux
+def test_a_spare_given_a_run_tells_its_exit_code_while_it_is_still_there():
+    gate_r, gate_w = os.pipe()
+    pid, status_r = _spare_with(lambda child_r, inherited: 7, after=lambda: os.read(gate_r, 1))
+    try:
+        assert _told_code(status_r) == 7  # told...
         assert running(pid)  # ...while the process is still there
         os.write(gate_w, b"x")
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
     finally:
         if running(pid):
             os.kill(pid, signal.SIGKILL)
-        for fd in (status_r, proc_r, proc_w, gate_r, gate_w):
+        for fd in (status_r, gate_r, gate_w):
             os.close(fd)
-        ours.close()
 
 
 @pytestmark_linux
 def test_a_process_the_rank_forked_does_not_tell_an_exit_code_for_the_rank():
-    import select
-    import socket
-    from multiprocessing import forkserver as mp_forkserver
-    from multiprocessing import reduction
+    def forking_rank(child_r, inherited):  # its child returns 9 first, through the same frames
+        if os.fork() == 0:
+            return 9
+        time.sleep(0.5)
+        return 7
 
-    from distlab import _spare_rank
-
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    status_r, status_w = os.pipe()
-    proc_r, proc_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the spare; its "rank" forks a child that returns 9 first, then returns 7 itself
-        code = 1
-        try:
-            ours.close()
-            _spare_rank.warm_up = lambda server_pid: None
-
-            def forking_rank(child_r, inherited):
-                if os.fork() == 0:
-                    return 9
-                time.sleep(0.5)
-                return 7
-
-            _spare_rank.become_rank = forking_rank
-            _spare_rank.TELL_EXIT_EARLY = True
-            code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, _spare_rank.process_name())
-        finally:
-            os._exit(code)
+    pid, status_r = _spare_with(forking_rank)
     try:
-        theirs.close()
-        reduction.sendfds(ours, [proc_r, status_w])
-        os.close(status_w)
-        assert select.select([status_r], [], [], 10)[0]
-        assert mp_forkserver.read_signed(status_r) == 7  # the rank's code, not its child's
+        assert _told_code(status_r) == 7  # the rank's code, not its child's
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
     finally:
         if running(pid):
             os.kill(pid, signal.SIGKILL)
-        for fd in (status_r, proc_r, proc_w):
-            os.close(fd)
-        ours.close()
+        os.close(status_r)
