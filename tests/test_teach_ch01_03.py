@@ -30,47 +30,72 @@ def test_child_output_collects_what_a_child_process_writes_to_the_descriptor():
 
 # --- chapter 1 ----------------------------------------------------------------------------------
 
-def test_spin_is_the_sum_of_squares():
+def test_spin_is_the_sum_of_squares_and_its_timeline_has_a_stamp_per_chunk():
     assert ch1.spin(5) == 0 + 1 + 4 + 9 + 16
-    assert ch1.spin_cpu_seconds(200_000) > 0
+    cpu, stamps = ch1.spin_timeline(10 * ch1.CHUNK)
+    assert cpu > 0 and len(stamps) == 11 and stamps == sorted(stamps)
 
 
-def test_threads_never_keep_more_than_one_core_busy():
+def test_together_is_the_share_of_time_two_timelines_run_at_once():
+    step = 1.0
+    first = [0.0, 1.0, 2.0, 3.0, 4.0]            # runs 0..4
+    second = [2.0, 3.0, 4.0, 5.0, 6.0]           # runs 2..6: both run 2..4, either 0..6
+    assert ch1.together([first, second]) == pytest.approx(2 / 6)
+    assert ch1.together([first, [t + 4 * step for t in first]]) == 0.0   # one after the other
+    assert ch1.together([first, list(first)]) == 1.0
+
+
+def test_together_leaves_out_a_span_with_a_wait_inside():
+    # the GIL's turn: the first worker's span 1..7 held a wait of 5, so it did not run while the second did
+    first = [0.0, 1.0, 7.0, 8.0]
+    second = [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert ch1.together([first, second]) == 0.0
+    assert ch1.running_intervals(first, max_gap=1.5) == [(0.0, 1.0), (7.0, 8.0)]
+
+
+def test_threads_are_never_running_python_together_nor_keep_more_than_one_core_busy():
     pool = ch1.make_pool("threads", 2)
     try:
-        wall, cores = ch1.time_pool("threads", 2, 300_000, pool)
+        run = ch1.time_pool("threads", 2, 300_000, pool)
     finally:
         pool.shutdown()
-    assert wall > 0 and cores <= 1.1
+    assert run["wall"] > 0 and run["cores"] <= 1.1 and run["together"] <= ch1.THREADS_MAX_TOGETHER
+
+
+def test_a_serial_run_is_never_together():
+    run = ch1.time_pool("serial", 2, 100_000)
+    assert run["together"] == pytest.approx(0.0, abs=1e-9) and run["cores"] <= 1.1
 
 
 def test_gil_experiment_reports_every_kind():
     results, rounds = ch1.gil_experiment(iterations=50_000, workers=2, rounds=1, max_rounds=1)
     assert set(results) == set(ch1.KINDS) and rounds == 1
-    assert all(r["wall"] > 0 and r["cores"] > 0 for r in results.values())
-    assert results["threads"]["cores"] <= 1.1
+    assert all(r["wall"] > 0 and r["cores"] > 0 and 0 <= r["together"] <= 1 for r in results.values())
+    assert results["threads"]["together"] <= ch1.THREADS_MAX_TOGETHER
     assert ch1.speedups(results)["serial"] == 1.0
 
 
-def test_gil_experiment_goes_on_while_the_rounds_are_unfair_and_stops_at_its_limits():
-    # a pure-Python loop this short never keeps two processes busy for 1.5 cores: always unfair
-    _, rounds = ch1.gil_experiment(iterations=10, workers=2, rounds=1, max_rounds=3, max_seconds=60)
-    assert rounds == 3
-    _, rounds = ch1.gil_experiment(iterations=10, workers=2, rounds=2, max_rounds=50, max_seconds=0)
-    assert rounds == 2
+def test_gil_experiment_goes_on_until_the_processes_were_together_and_stops_at_its_limits(monkeypatch):
+    def measured(together):
+        def time_pool(kind, workers, iterations, pool=None):
+            return {"wall": 1.0, "cores": 1.0, "together": together if kind == "processes" else 0.0}
+        return time_pool
+
+    monkeypatch.setattr(ch1, "time_pool", measured(0.0))       # a machine that never lets them run at once
+    assert ch1.gil_experiment(iterations=10, rounds=1, max_rounds=3, max_seconds=60)[1] == 3
+    assert ch1.gil_experiment(iterations=10, rounds=2, max_rounds=50, max_seconds=0)[1] == 2
+    monkeypatch.setattr(ch1, "time_pool", measured(ch1.PROCESSES_MIN_TOGETHER))   # seen at once: done
+    results, rounds = ch1.gil_experiment(iterations=10, rounds=1, max_rounds=50, max_seconds=60)
+    assert rounds == 1 and results["processes"]["together"] == ch1.PROCESSES_MIN_TOGETHER
 
 
-def test_unfair_names_what_kept_the_measurement_from_testing_the_claims():
-    fair = {"serial": {"cores": 0.95, "wall": 2.0}, "threads": {"cores": 1.0, "wall": 2.0},
-            "processes": {"cores": 1.8, "wall": 1.1}}
-    assert ch1.unfair(fair) == []
-    busy_serial = fair | {"serial": {"cores": 0.5, "wall": 4.0}}
-    assert ch1.unfair(busy_serial) == ["the serial run got 0.50 cores (needs 0.9)"]
-    one_core = fair | {"processes": {"cores": 1.0, "wall": 1.9}}
-    assert ch1.unfair(one_core) == ["the two processes got 1.00 cores (need 1.5)"]
-    slow_cores = fair | {"processes": {"cores": 1.8, "wall": 1.6}}  # the suite's failure: 1.16x with 1.5+ cores
-    assert ch1.unfair(slow_cores) == ["the two processes needed 1.52x the serial run's CPU time for the same work "
-                                      "(need at most 1.15)"]
+def test_keep_best_keeps_the_fastest_wall_and_the_largest_together():
+    best = {"wall": float("inf"), "cores": 0.0, "together": 0.0}
+    ch1._keep_best(best, {"wall": 2.0, "cores": 1.0, "together": 0.3})
+    ch1._keep_best(best, {"wall": 1.0, "cores": 1.9, "together": 0.1})
+    ch1._keep_best(best, {"wall": 3.0, "cores": 0.5, "together": 0.6})
+    assert best == {"wall": 1.0, "cores": 1.9, "together": 0.6}
+
 
 
 def test_speedups_divide_serial_by_each_kind():
@@ -231,8 +256,8 @@ def test_check_why_identical(capsys):
 def test_plots_return_figures():
     from distlab.plots import dp_vs_ddp as plots
 
-    results = {k: {"wall": 1.0, "cores": 0.9} for k in ch1.KINDS}
-    assert len(plots.plot_gil(results).axes) == 2
+    results = {k: {"wall": 1.0, "cores": 0.9, "together": 0.0} for k in ch1.KINDS}
+    assert len(plots.plot_gil(results).axes) == 3
     grads = ch3.snapshot(ToyModel())
     assert len(plots.plot_grad_agreement(grads, {0: grads, 1: grads}).axes) == 1
     fig = plots.plot_replica_drift([0.0, 0.0], [1e-4, 2e-4])
@@ -300,3 +325,27 @@ def test_check_buffers_to_save(capsys):
     for wrong, hint in [("a", "differs from rank 0's"), ("c", "does not average"), ("x", "Choose one")]:
         with pytest.raises(AssertionError, match=hint):
             ch3.check_buffers_to_save(wrong)
+
+
+def test_worker_cores_hands_out_the_cores_this_process_may_use_in_turn():
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert ch1.worker_cores(2 * len(cores)) == cores + cores
+
+
+def test_a_process_pinned_worker_runs_on_its_core():
+
+    pool = ch1.make_pool("processes", 1)
+    try:
+        core = ch1.worker_cores(1)[0]
+        assert pool.submit(_affinity_after_pinning, core).result() == {core}
+    finally:
+        pool.shutdown()
+
+
+def _affinity_after_pinning(core):
+    import os
+
+    ch1.spin_timeline(ch1.CHUNK, core)
+    return os.sched_getaffinity(0)
