@@ -122,6 +122,53 @@ def test_a_spare_that_died_while_idle_is_replaced_and_the_launch_still_runs():
 
 
 @pytestmark_linux
+def test_a_spare_killed_after_it_was_handed_a_rank_but_before_it_said_so_never_fails_the_launch():
+    # the window on purpose: the spares are stopped, so a launch's request reaches them but they cannot
+    # confirm; then they are killed. The launch runs on other processes, and the server keeps spares.
+    distlab.spawn(my_pid, nprocs=1, view=None, start="forkserver")
+    server = forkserver.server_pid()
+    spares = wait_for_spares(server, 2)
+    for pid in spares:
+        os.kill(pid, signal.SIGSTOP)
+    pending = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver", join=False)
+    time.sleep(0.5)
+    assert not pending.done(), "the launch ran on stopped spares?"
+    for pid in spares:
+        os.kill(pid, signal.SIGKILL)
+    ranks = pending.join(timeout=60).returns
+    assert len(set(ranks.values())) == 2 and not set(ranks.values()) & set(spares)
+    assert len(wait_for_spares(server, 2)) >= 2
+
+
+@pytestmark_linux
+def test_a_spare_is_told_to_run_only_after_the_client_has_its_pid():
+    import socket as socketlib
+
+    from distlab import _spare_rank
+
+    ours, theirs = socketlib.socketpair()
+    pid = os.fork()
+    if pid == 0:  # a spare: what it does with the server's answers
+        ours.close()
+        code = 9
+        try:
+            code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, b"")
+        finally:
+            os._exit(code)
+    theirs.close()
+    r, w = os.pipe()
+    from multiprocessing import reduction
+
+    reduction.sendfds(ours, [r, w, r, w])
+    assert ours.recv(1) == _spare_rank.HOLDS
+    ours.close()  # no RUN: the spare must not become a rank
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    os.close(r)
+    os.close(w)
+
+
+@pytestmark_linux
 def test_an_idle_spare_ignores_ctrl_c_and_is_not_a_leftover_worker():
     distlab.spawn(my_pid, nprocs=1, view=None, start="forkserver")
     server = forkserver.server_pid()
@@ -309,6 +356,8 @@ def _spare_with(rank, after=lambda: None):
             os._exit(code)
     theirs.close()
     reduction.sendfds(ours, [proc_r, status_w])
+    assert ours.recv(1) == _spare_rank.HOLDS  # the server's side of the hand-over
+    ours.send(_spare_rank.RUN)
     for fd in (status_w, proc_r, proc_w):
         os.close(fd)
     ours.close()

@@ -76,6 +76,19 @@ class SparePolicy:
 class Spare:
     pid: int
     sock: socket.socket  # the server's end; the spare waits for a request's fds on the other
+    reaped: bool = False  # its pid may belong to another process by now: never signal it
+
+
+@dataclasses.dataclass
+class Request:
+    """A client's request: the pipe the process object comes on, the status pipe, the fds to inherit."""
+
+    child_r: int
+    child_w: int
+    inherited: list[int]
+
+    def fds(self) -> list[int]:
+        return [self.child_r, self.child_w, *self.inherited]
 
 
 def _noop(*_):
@@ -91,6 +104,7 @@ class Server:
         self.name = _spare_rank.process_name()
         self.children: dict[int, int] = {}
         self.spares: collections.deque[Spare] = collections.deque()
+        self.pending: dict[socket.socket, tuple[Spare, Request]] = {}  # handed to a spare, not yet confirmed
         self.sig_r, self.sig_w = os.pipe()
         os.set_blocking(self.sig_r, False)
         os.set_blocking(self.sig_w, False)
@@ -111,6 +125,8 @@ class Server:
                 return  # EOF: every client (the kernel) has gone
             if self.sig_r in ready:
                 self.reap()
+            for sock in [obj for obj in ready if obj in self.pending]:
+                self.confirm(sock)
             if self.listener in ready:
                 self.serve_request()
             elif not ready and timeout is not None:
@@ -129,27 +145,64 @@ class Server:
         if not 4 <= len(fds) <= MAX_FDS:
             _close(fds)
             return
-        child_r, child_w, *inherited = fds
         self.policy.requested(time.monotonic())
-        spare = self.live_spare()
-        if spare is None:
+        self.hand_over(Request(*fds[:2], fds[2:]))
+
+    def hand_over(self, request: Request) -> None:
+        """Give ``request`` to the oldest live spare, to be confirmed (:meth:`confirm`), or fork for it.
+
+        The client learns a spare's pid only once the spare has said it holds the request's fds:
+        a spare killed a moment before (the OOM killer, a stray ``kill``) is passed over, and the
+        request goes to the next spare or a fresh fork instead of failing the launch."""
+        while (spare := self.live_spare()) is not None:
             try:
-                pid = self.fork_child(child_r, child_w, inherited)
-            except OSError:  # no fork possible now: the client reads the end of the pipe, not a pid
-                _close(fds)
-                return
-            _tell(child_w, pid)
-        else:  # the pid goes first, before the spare can write its exit code on the same pipe
-            pid = spare.pid
-            _tell(child_w, pid)
+                reduction.sendfds(spare.sock, request.fds())
+            except OSError:  # it died a moment ago
+                self._discard(spare)
+                continue
+            self.pending[spare.sock] = (spare, request)
+            self.selector.register(spare.sock, selectors.EVENT_READ)
+            return
+        try:
+            pid = self.fork_child(request.child_r, request.child_w, request.inherited)
+        except OSError:  # no fork possible now: the client reads the end of the pipe, not a pid
+            _close(request.fds())
+            return
+        self._started(pid, request)
+
+    def confirm(self, sock: socket.socket) -> None:
+        """A spare given a request answered: it holds the fds (tell the client its pid, then let it
+        run), or it died before it could (hand the request over again)."""
+        spare, request = self.pending.pop(sock)
+        self.selector.unregister(sock)
+        try:
+            holds = sock.recv(1) == _spare_rank.HOLDS
+        except OSError:
+            holds = False
+        if not holds:
+            self._discard(spare)
+            self.hand_over(request)
+            return
+        self._started(spare.pid, request)  # the pid goes first, before the rank can write its exit code
+        try:
+            sock.send(_spare_rank.RUN)
+        except OSError:  # it died since: a rank that died; its exit status follows when it is reaped
+            pass
+        sock.close()
+
+    def _started(self, pid: int, request: Request) -> None:
+        _tell(request.child_w, pid)
+        self.children[pid] = request.child_w
+        _close([request.child_r, *request.inherited])
+
+    def _discard(self, spare: Spare) -> None:
+        """Forget a spare that cannot take a request (killed first, unless it was reaped already)."""
+        if not spare.reaped:
             try:
-                reduction.sendfds(spare.sock, [child_r, child_w, *inherited])
-            except OSError:  # it died a moment ago: its exit status follows when it is reaped
+                os.kill(spare.pid, signal.SIGKILL)
+            except OSError:
                 pass
-            finally:
-                spare.sock.close()
-        self.children[pid] = child_w
-        _close([child_r, *inherited])
+        spare.sock.close()
 
     def live_spare(self) -> Spare | None:
         """The oldest spare still alive (one that died while idle is reaped here), or None."""
@@ -161,6 +214,7 @@ class Server:
                 gone = spare.pid
             if not gone:
                 return spare
+            spare.reaped = True
             spare.sock.close()
         return None
 
@@ -219,6 +273,9 @@ class Server:
         for spare in [s for s in self.spares if s.pid == pid]:
             spare.sock.close()
             self.spares.remove(spare)
+        for spare, _ in self.pending.values():
+            if spare.pid == pid:
+                spare.reaped = True  # its socket's end-of-file hands the request over again
 
     def _in_child(self, run, *args) -> None:
         """In a forked child: drop the server's fds and wakeup fd, run, and never return."""
@@ -228,8 +285,10 @@ class Server:
             self.selector.close()
             signal.set_wakeup_fd(-1)
             _close([self.alive_r, self.sig_r, self.sig_w, *self.children.values()])
-            for spare in self.spares:
+            for spare in [*self.spares, *(spare for spare, _ in self.pending.values())]:
                 spare.sock.close()
+            for _, request in self.pending.values():  # another request's status pipe must end with its rank
+                _close(request.fds())
             code = run(*args)
         except BaseException:
             sys.excepthook(*sys.exc_info())

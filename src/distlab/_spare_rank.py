@@ -34,6 +34,8 @@ def _now() -> tuple:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return time.time(), usage.ru_minflt, usage.ru_utime + usage.ru_stime
 PR_SET_NAME = 15
+HOLDS = b"h"  # a spare to the server: I hold the request's fds
+RUN = b"r"  # the server to the spare: the client knows your pid, run
 
 
 def become_rank(child_r: int, inherited: list[int]) -> int:
@@ -57,6 +59,9 @@ def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: byt
     warm_up(server_pid)
     try:
         child_r, status_w, *inherited = reduction.recvfds(sock, max_fds)
+        sock.sendall(HOLDS)  # the server tells the client this pid only now, ...
+        if sock.recv(1) != RUN:  # ... and lets this process run once it has
+            return 0
     except (EOFError, OSError, ValueError):
         return 0
     finally:
