@@ -22,7 +22,10 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+from . import compile_cache as _compile_cache  # noqa: E402
 from . import prestart as _prestart  # noqa: E402
+
+_compile_cache.use_private_cache()  # torch.compile's generated code: never in a folder another user made
 
 _prestart.maybe_start()  # in a notebook: the forkserver starts now, in the background (DISTLAB_PRESTART=0: not)
 

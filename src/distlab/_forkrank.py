@@ -10,6 +10,7 @@ was imported there, so the script's imports of the user's modules are fresh in e
 import atexit
 import os
 import sys
+import tempfile
 from multiprocessing import forkserver as mp_forkserver
 
 import psutil  # noqa: F401  (preloaded for worker._loopback_interface)
@@ -55,6 +56,7 @@ def replace_environment(env: dict) -> None:
     for name, value in env.items():
         if os.environ.get(name) != value:
             os.environ[name] = value
+    tempfile.tempdir = None  # derived again from this TMPDIR (the server's cached its own)
 
 
 def fresh_random_state() -> None:

@@ -271,7 +271,8 @@ def _start_server() -> None:
 
     default = mp_context._default_context
     unset = default.get_start_method(allow_none=True) is None
-    with privtmp.multiprocessing_tempdir():  # the server's socket: in this process's private folder
+    # the server's socket in this process's private folder, and its TMPDIR there too
+    with privtmp.multiprocessing_tempdir(), privtmp.private_tempfiles():
         reason = peercred.abstract_socket_reason()
         if reason is not None:
             raise ForkserverRefused(reason)

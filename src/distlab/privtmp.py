@@ -25,6 +25,7 @@ from multiprocessing import util
 from pathlib import Path
 
 PREFIX = "proc-"
+ENV_RUNS = "DISTLAB_RUNS"  # (runfolder.ENV: this module imports runfolder only when it needs it)
 NAME = re.compile(r"^proc-(\d+)-")
 _LOCK = threading.RLock()
 _DIRS: dict[int, Path] = {}  # pid -> its folder (a forked child makes its own)
@@ -54,27 +55,50 @@ def _remove(folder: Path, pid: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def child_environment(folder: Path) -> dict[str, str]:
+    """The variables every process started from inside :func:`private_tempfiles` gets, so that its
+    own temporary files are private too: ``TMPDIR`` (a rank's ``mp.spawn`` writes torch's error
+    files, ``torch.compile`` and ``tempfile`` their files, there), and the runs root the folder lies
+    in as ``DISTLAB_RUNS`` (without it a child that imports distlab would derive its root from that
+    ``TMPDIR`` and nest it in a folder that goes when this process exits)."""
+    return {"TMPDIR": str(folder), "DISTLAB_RUNS": str(folder.parent)}
+
+
 @contextlib.contextmanager
 def private_tempfiles():
-    """Within this block, ``tempfile`` (so torch's error files) writes to :func:`process_dir`.
+    """Within this block, ``tempfile`` (so torch's error files) writes to :func:`process_dir`, and
+    the processes started inherit :func:`child_environment`.
 
-    ``tempfile.tempdir`` is process-wide: a launch running in a background thread
-    (``join=False``) also sends the kernel's own temporary files there while ranks start
-    (they stay private to you). Nested and concurrent blocks restore the value the first one saw.
+    ``tempfile.tempdir`` and the environment are process-wide: a launch running in a background
+    thread (``join=False``) also sends the kernel's own temporary files there while ranks start
+    (they stay private to you). Nested and concurrent blocks restore the values the first one saw.
     """
-    folder = str(process_dir())
+    folder = process_dir()
     with _LOCK:
         if _DEPTH[0] == 0:
-            _SAVED[:] = [tempfile.tempdir]
-            tempfile.tempdir = folder
+            names = child_environment(folder)
+            if os.environ.get(ENV_RUNS):
+                del names[ENV_RUNS]  # the user's choice stays (a child resolves it as this process did)
+            _SAVED[:] = [tempfile.tempdir, {name: os.environ.get(name) for name in names}]
+            tempfile.tempdir = str(folder)
+            os.environ.update(names)
         _DEPTH[0] += 1
     try:
-        yield Path(folder)
+        yield folder
     finally:
         with _LOCK:
             _DEPTH[0] -= 1
             if _DEPTH[0] == 0:
-                tempfile.tempdir = _SAVED.pop()
+                tempfile.tempdir, saved_env = _SAVED
+                _restore_environment(saved_env)
+
+
+def _restore_environment(saved: dict[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @contextlib.contextmanager

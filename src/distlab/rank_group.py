@@ -121,12 +121,13 @@ def start_group(nprocs: int, backend: str, start: str = "spawn") -> RankGroup:
     try:
         store = folder / "store"
         open_private(store, "ab").close()
-        for rank in range(nprocs):
-            ours, theirs = Pipe(duplex=True)
-            cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store), "folder": str(folder),
-                   "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p]}
-            group.add(start_rank_process(cfg, theirs, group.log_path(rank), start), ours)
-            theirs.close()  # only the rank holds its end: its death reads as end-of-file here
+        with privtmp.private_tempfiles():  # each rank's TMPDIR: this process's private folder
+            for rank in range(nprocs):
+                ours, theirs = Pipe(duplex=True)
+                cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store),
+                       "folder": str(folder), "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p]}
+                group.add(start_rank_process(cfg, theirs, group.log_path(rank), start), ours)
+                theirs.close()  # only the rank holds its end: its death reads as end-of-file here
         group.wait_ready(START_TIMEOUT_S)
     except BaseException:
         group.stop(graceful=False)

@@ -3,6 +3,8 @@ import contextlib
 import os
 import tempfile
 
+from .. import prestart, privtmp
+
 
 @contextlib.contextmanager
 def child_output(fd: int):
@@ -12,9 +14,16 @@ def child_output(fd: int):
     wherever the kernel's own fd points: some frontends forward it into the cell, some only to the
     terminal that started Jupyter. Pointing ``fd`` at a file meanwhile makes it something a cell can
     print and assert, the same in every frontend.
+
+    Inside the block, temporary files (torch's ``pytorch-errorfile-*.pickle``, which ``mp.spawn``
+    later unpickles) go to this process's private folder, and the children get it as ``TMPDIR``
+    (:mod:`distlab.privtmp`): the shared ``/tmp`` would let another user plant that file. The block
+    first waits for distlab's background start of its server (begun by ``import distlab``), so
+    that nothing else of the kernel starts processes while ``fd`` points at the file.
     """
     lines: list[str] = []
-    with tempfile.TemporaryFile(mode="w+") as sink:
+    prestart.wait()
+    with privtmp.private_tempfiles(), tempfile.TemporaryFile(mode="w+") as sink:
         saved = os.dup(fd)
         os.dup2(sink.fileno(), fd)
         try:

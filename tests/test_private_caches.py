@@ -1,0 +1,172 @@
+"""Temporary files and torch.compile's cache of every process distlab (or the book) starts stay in
+the user's private runs root, not in the shared temp folder where another user could plant them."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from second_user import as_other
+
+import distlab
+from distlab import compile_cache, privtmp
+from distlab.runfolder import RunFolderError
+
+# --- the compile cache: pure rule and fallback ------------------------------------------------------
+
+def test_the_compile_cache_goes_under_the_runs_root_unless_the_user_chose_one(tmp_path):
+    assert compile_cache.wanted({}, tmp_path) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "compile-cache")}
+    assert compile_cache.wanted({"TORCHINDUCTOR_CACHE_DIR": "/mine"}, tmp_path) == {}
+
+
+def test_a_runs_root_that_cannot_be_used_gives_a_fresh_private_folder_not_the_shared_name(monkeypatch):
+    def refused():
+        raise RunFolderError("no root")
+
+    monkeypatch.setattr("distlab.runfolder.private_root", refused)
+    env: dict = {}
+    folder = compile_cache.use_private_cache(env)
+    try:
+        assert env == {"TORCHINDUCTOR_CACHE_DIR": folder} and "torchinductor_" not in folder
+        assert os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(folder).st_uid == os.getuid()
+    finally:
+        os.rmdir(folder)
+
+
+def _fresh_python(code: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _env_in(shared_tmp: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISTLAB_RUNS", "XDG_RUNTIME_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(TMPDIR=str(shared_tmp), XDG_CACHE_HOME=str(shared_tmp / "root-cache"))
+    return env
+
+
+@pytest.mark.slow
+def test_a_compile_never_uses_an_inductor_folder_another_user_made_first(other_user, shared_tmp):
+    import getpass
+
+    planted = shared_tmp / f"torchinductor_{getpass.getuser()}"  # the name torch would use
+    made = as_other(f"mkdir -m 0777 {planted} && chmod 0777 {planted}")
+    assert made.returncode == 0 and planted.stat().st_uid == other_user.pw_uid, made.stderr
+    done = _fresh_python("""
+        import os, distlab, torch
+        f = torch.compile(lambda x: x.sin() + 1)
+        assert torch.equal(f(torch.ones(3)), torch.ones(3).sin() + 1)
+        print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    """, _env_in(shared_tmp))
+    assert done.returncode == 0, done.stderr[-3000:]
+    cache = Path(done.stdout.split()[-1])
+    assert list(planted.iterdir()) == [], "the compile wrote into the other user's folder"
+    assert cache.is_dir() and any(cache.rglob("*.py")), "nothing compiled into the private cache"
+    assert cache.parent.stat().st_uid == os.getuid() and cache.parent.stat().st_mode & 0o077 == 0
+
+
+def test_the_user_s_own_compile_cache_folder_is_kept(tmp_path):
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}
+    done = _fresh_python("import os, distlab; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])", env, timeout=60)
+    assert done.stdout.strip() == str(tmp_path / "mine"), done.stderr
+
+
+# --- what ranks get -------------------------------------------------------------------------------
+
+def where_temp_and_cache_are(rank=None):
+    import os
+    import tempfile
+
+    return {"tmp": tempfile.gettempdir(), "TMPDIR": os.environ.get("TMPDIR"),
+            "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "runs": os.environ.get("DISTLAB_RUNS")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_every_rank_has_its_temporary_files_and_compile_cache_in_the_private_root(start):
+    from distlab.runfolder import private_root
+
+    root = private_root()
+    seen = distlab.spawn(where_temp_and_cache_are, nprocs=2, view=None, start=start).returns
+    for rank, got in seen.items():
+        assert Path(got["tmp"]).parent == root and Path(got["tmp"]).name.startswith("proc-"), (rank, got)
+        assert got["TMPDIR"] == got["tmp"] and got["runs"] == str(root)
+        assert got["cache"] == os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(root / "compile-cache")
+    assert os.environ.get("TMPDIR") != seen[0]["TMPDIR"]  # the kernel's own environment is as it was
+
+
+@pytest.mark.slow
+def test_warm_ranks_have_their_temporary_files_in_the_private_root():
+    from distlab.runfolder import private_root
+
+    with distlab.Ranks(2) as ranks:
+        seen = ranks.run(where_temp_and_cache_are)
+    for got in seen.values():
+        assert Path(got["tmp"]).parent == private_root() and got["TMPDIR"] == got["tmp"]
+
+
+def test_a_block_of_private_temporary_files_gives_children_its_folder_and_restores_the_environment(monkeypatch):
+    monkeypatch.setenv("TMPDIR", "/somewhere")
+    monkeypatch.delenv("DISTLAB_RUNS", raising=False)
+    with privtmp.private_tempfiles() as folder:
+        with privtmp.private_tempfiles():  # nested: the same folder, restored once at the end
+            seen = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        assert os.environ["TMPDIR"] == str(folder)
+    assert seen == str(folder) and os.environ["TMPDIR"] == "/somewhere" and "DISTLAB_RUNS" not in os.environ
+
+
+# --- torch's error files, outside distlab's launcher ------------------------------------------------
+
+RECORD_ERROR_FILES = """
+import tempfile
+made = []
+_named = tempfile.NamedTemporaryFile
+def recording(*args, **kwargs):
+    f = _named(*args, **kwargs)
+    made.append(f.name)
+    return f
+tempfile.NamedTemporaryFile = recording
+"""
+
+
+@pytest.mark.slow
+def test_the_intro_s_failing_mp_spawn_keeps_torch_s_error_files_private(shared_tmp):
+    done = _fresh_python(RECORD_ERROR_FILES + textwrap.dedent("""
+        import torch.multiprocessing as mp
+        from distlab.runfolder import private_root
+        from distlab.teach.intro import child_stderr
+        with child_stderr() as said:
+            try:
+                mp.spawn(print, nprocs=2)  # fails in the children: a builtin is fine, the point is where files go
+            except Exception:
+                pass
+        print(private_root())
+        print(made)
+    """), _env_in(shared_tmp))
+    assert done.returncode == 0, done.stderr[-3000:]
+    root, made = done.stdout.strip().splitlines()[-2:]
+    made = eval(made)  # a list of paths, printed by the child above
+    assert made and all(Path(name).parent.parent == Path(root) for name in made), (root, made)
+
+
+@pytest.mark.slow
+def test_a_script_s_own_mp_spawn_writes_torch_s_error_files_in_the_private_root(tmp_path):
+    script = tmp_path / "spawns.py"
+    script.write_text(RECORD_ERROR_FILES + textwrap.dedent("""
+        import torch.multiprocessing as mp
+
+        def work(rank):
+            pass
+
+        if __name__ == "__main__":
+            mp.spawn(work, nprocs=2)
+            print("ERRORFILES", made)
+    """))
+    from distlab.runfolder import private_root
+
+    res = distlab.run_script(script, nproc_per_node=1, mode="python", view=None)
+    line = next(line for line in res.logs[0].splitlines() if line.startswith("ERRORFILES"))
+    made = eval(line.split(" ", 1)[1])
+    assert len(made) == 2 and all(Path(name).parent.parent == private_root() for name in made), made
