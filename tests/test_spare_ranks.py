@@ -141,31 +141,75 @@ def test_a_spare_killed_after_it_was_handed_a_rank_but_before_it_said_so_never_f
 
 
 @pytestmark_linux
-def test_a_spare_is_told_to_run_only_after_the_client_has_its_pid():
-    import socket as socketlib
+def test_a_spare_says_it_holds_the_fds_and_tells_its_exit_code_only_once_the_client_has_its_pid():
+    from distlab import _spare_rank
+
+    def tell_if_told(answer: bytes) -> int:
+        """A spare whose rank returns 7; the server answers ``answer`` (b"": it goes away)."""
+        pid, status_r, ours = _spare_with(lambda child_r, inherited: 7, answer=None)
+        try:
+            assert ours.recv(1) == _spare_rank.HOLDS
+            if answer:
+                ours.send(answer)
+            ours.close()
+            assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+            return os.read(status_r, 64)  # all it wrote: the process has ended
+        finally:
+            os.close(status_r)
+
+    from multiprocessing import forkserver as mp_forkserver
+
+    assert tell_if_told(_spare_rank.RUN) == mp_forkserver.SIGNED_STRUCT.pack(7)
+    assert tell_if_told(b"") == b""  # never before the client had the pid from the server
+
+
+def _server_with_pending_spare(pid: int):
+    """A Server (no process) with one spare handed a request, and the test's ends of it all."""
+    import selectors
+    import socket
+
+    server = server_main.Server.__new__(server_main.Server)
+    server.children, server.pending, server.spares = {}, {}, __import__("collections").deque()
+    server.selector = selectors.DefaultSelector()
+    ours, theirs = socket.socketpair()
+    status_r, status_w = os.pipe()
+    data_r, data_w = os.pipe()
+    spare = server_main.Spare(pid, ours)
+    server.pending[ours] = (spare, server_main.Request(data_r, status_w, []))
+    server.selector.register(ours, selectors.EVENT_READ)
+    return server, spare, theirs, status_r, data_w
+
+
+def test_a_spare_that_answered_and_ended_before_the_answer_was_read_gets_its_pid_then_its_status_told():
+    from multiprocessing import forkserver as mp_forkserver
 
     from distlab import _spare_rank
 
-    ours, theirs = socketlib.socketpair()
-    pid = os.fork()
-    if pid == 0:  # a spare: what it does with the server's answers
-        ours.close()
-        code = 9
-        try:
-            code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, b"")
-        finally:
-            os._exit(code)
+    server, spare, theirs, status_r, data_w = _server_with_pending_spare(pid=4242)
+    theirs.sendall(_spare_rank.HOLDS)
     theirs.close()
-    r, w = os.pipe()
-    from multiprocessing import reduction
+    server._forget_spare(4242, 3)  # reaped (SIGCHLD came first in the same wake-up)
+    server.confirm(spare.sock)
+    told = os.read(status_r, 64)
+    assert told == mp_forkserver.SIGNED_STRUCT.pack(4242) + mp_forkserver.SIGNED_STRUCT.pack(3)
+    assert server.children == {} and server.pending == {}
+    for fd in (status_r, data_w):
+        os.close(fd)
 
-    reduction.sendfds(ours, [r, w, r, w])
-    assert ours.recv(1) == _spare_rank.HOLDS
-    ours.close()  # no RUN: the spare must not become a rank
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    os.close(r)
-    os.close(w)
+
+def test_a_spare_that_ended_without_answering_is_passed_over_for_the_next_one(monkeypatch):
+    server, spare, theirs, status_r, data_w = _server_with_pending_spare(pid=4243)
+    theirs.close()  # it died holding nothing
+    server._forget_spare(4243, -9)
+    handed = []
+    monkeypatch.setattr(server, "hand_over", handed.append)
+    server.confirm(spare.sock)
+    assert len(handed) == 1 and server.children == {} and server.pending == {}
+    os.set_blocking(status_r, False)
+    with pytest.raises(BlockingIOError):  # nothing told the client: the request's pipe waits for the next one
+        os.read(status_r, 64)
+    for fd in (*handed[0].fds(), status_r, data_w):
+        os.close(fd)
 
 
 @pytestmark_linux
@@ -330,10 +374,11 @@ def test_a_spare_the_system_refuses_is_tried_again_later(monkeypatch):
     assert server.policy.retry_at >= before + server_main.RETRY_S
 
 
-def _spare_with(rank, after=lambda: None):
+def _spare_with(rank, after=lambda: None, answer=b"r"):
     """Fork a spare (a copy of this process) whose rank is ``rank``; hand it a run. Returns the
     spare's pid and the launcher's end of its status pipe. ``after`` runs in the spare once the
-    rank returned, before it exits with the rank's code."""
+    rank returned, before it exits with the rank's code. ``answer=None``: the caller plays the
+    server's side of the hand-over (and gets the server's socket too)."""
     import socket
     from multiprocessing import reduction
 
@@ -356,10 +401,12 @@ def _spare_with(rank, after=lambda: None):
             os._exit(code)
     theirs.close()
     reduction.sendfds(ours, [proc_r, status_w])
-    assert ours.recv(1) == _spare_rank.HOLDS  # the server's side of the hand-over
-    ours.send(_spare_rank.RUN)
     for fd in (status_w, proc_r, proc_w):
         os.close(fd)
+    if answer is None:
+        return pid, status_r, ours
+    assert ours.recv(1) == _spare_rank.HOLDS  # the server's side of the hand-over
+    ours.send(answer)
     ours.close()
     return pid, status_r
 

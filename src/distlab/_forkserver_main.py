@@ -77,6 +77,7 @@ class Spare:
     pid: int
     sock: socket.socket  # the server's end; the spare waits for a request's fds on the other
     reaped: bool = False  # its pid may belong to another process by now: never signal it
+    exit_code: int | None = None  # when it was reaped while its hand-over waited for its answer
 
 
 @dataclasses.dataclass
@@ -189,6 +190,10 @@ class Server:
         except OSError:  # it died since: a rank that died; its exit status follows when it is reaped
             pass
         sock.close()
+        if spare.reaped:  # it ran and ended before this answer was read: its status, after the pid
+            self.children.pop(spare.pid)
+            _tell(request.child_w, spare.exit_code)
+            os.close(request.child_w)
 
     def _started(self, pid: int, request: Request) -> None:
         _tell(request.child_w, pid)
@@ -264,18 +269,18 @@ class Server:
                 return
             status_w = self.children.pop(pid, None)
             if status_w is None:
-                self._forget_spare(pid)
+                self._forget_spare(pid, os.waitstatus_to_exitcode(status))
                 continue
             _tell(status_w, os.waitstatus_to_exitcode(status))  # (a spare's rank may have said it already)
             os.close(status_w)
 
-    def _forget_spare(self, pid: int) -> None:
+    def _forget_spare(self, pid: int, exit_code: int) -> None:
         for spare in [s for s in self.spares if s.pid == pid]:
             spare.sock.close()
             self.spares.remove(spare)
         for spare, _ in self.pending.values():
-            if spare.pid == pid:
-                spare.reaped = True  # its socket's end-of-file hands the request over again
+            if spare.pid == pid:  # its answer, or its socket's end-of-file, is still to be read
+                spare.reaped, spare.exit_code = True, exit_code
 
     def _in_child(self, run, *args) -> None:
         """In a forked child: drop the server's fds and wakeup fd, run, and never return."""

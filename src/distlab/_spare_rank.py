@@ -55,17 +55,19 @@ def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: byt
     Returns 0 without running anything when the server goes or closes the socket (it stops
     keeping spares). ``handlers``: the signal handlers a rank starts with (the server ignores
     SIGINT; an idle spare too, so a Ctrl-C in a terminal does not kill the spares). ``name``: the
-    process name a rank has (the server's; a spare is forked already named ``distlab-spare``)."""
+    process name a rank has (the server's; a spare is forked already named ``distlab-spare``).
+
+    Having the fds, it says so (:data:`HOLDS`): only then does the server give the client this
+    pid, so a spare killed a moment earlier is passed over, not handed a launch. It runs at once;
+    the server's answer (:data:`RUN`: the client has the pid) is read only before the rank writes
+    its exit code on the same pipe, which must come after the pid."""
     warm_up(server_pid)
     try:
         child_r, status_w, *inherited = reduction.recvfds(sock, max_fds)
-        sock.sendall(HOLDS)  # the server tells the client this pid only now, ...
-        if sock.recv(1) != RUN:  # ... and lets this process run once it has
-            return 0
+        sock.sendall(HOLDS)
     except (EOFError, OSError, ValueError):
-        return 0
-    finally:
         sock.close()
+        return 0
     global RECEIVED
     RECEIVED = _now()
     set_name(name)
@@ -74,9 +76,19 @@ def wait_then_run(sock, server_pid: int, handlers: dict, max_fds: int, name: byt
         signal.signal(sig, handler)
     me = os.getpid()
     code = become_rank(child_r, inherited)
-    if TELL_EXIT_EARLY and os.getpid() == me:  # not a process the rank forked that returned here
+    if TELL_EXIT_EARLY and os.getpid() == me and _pid_given(sock):  # not a process the rank forked
         tell_exit(status_w, code)
+    sock.close()
     return code
+
+
+def _pid_given(sock) -> bool:
+    """Whether the server has given the client this process's pid (it answers at once; by the
+    time a rank ends, the answer waits in the socket)."""
+    try:
+        return sock.recv(1) == RUN
+    except OSError:
+        return False
 
 
 TELL_EXIT_EARLY = False  # set by a rank of a launch (distlab._forkrank), whose launcher waits for the exit
