@@ -40,19 +40,20 @@ def cluster(tmp_path_factory):
     else:
         os.environ["DISTLAB_RUNS"] = old
     assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
-    assert not _processes_of(c.folder), "a process of the cluster outlived it"
+    assert not _processes_of(c.folder, c.door), "a process of the cluster outlived it"
     assert not c.folder.exists(), "the stopped cluster's folder is left in the runs root"
+    assert not c.door.exists(), "the stopped cluster's door (conf, socket, jobs) is left in the temp dir"
 
 
-def _processes_of(folder: Path) -> list[str]:
+def _processes_of(folder: Path, door: Path) -> list[str]:
     """Live processes that belong to the cluster in ``folder`` (its SLURM_CONF, or its paths in argv)."""
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         try:
             if p.status() == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
                 continue
-            if str(folder) in " ".join(p.info["cmdline"] or []) or \
-                    p.environ().get("SLURM_CONF") == str(folder / "slurm.conf"):
+            argv = " ".join(p.info["cmdline"] or [])
+            if str(folder) in argv or str(door) in argv or p.environ().get("SLURM_CONF") == str(door / "slurm.conf"):
                 found.append(f"{p.pid} {p.info['name']}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -134,10 +135,11 @@ def test_interrupt_cancels_the_job(cluster):
     assert str(job.id) not in left and job.state.state == "CANCELLED"
 
 
-def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path, capsys):
-    script = tmp_path / "resumable.py"
+def test_requeue_resumes_from_the_checkpoint(cluster, capsys):
+    work = cluster.workdir()  # the job user writes the checkpoint: a folder of its own
+    script = work / "resumable.py"
     script.write_text(slurm_jobs.RESUMABLE)
-    ckpt, steps = tmp_path / "ckpt.json", 30
+    ckpt, steps = work / "ckpt.json", 30
     job = slurm.submit(script, [str(steps), str(ckpt)], mode="tasks", requeue=True, join=False)
     job.watch(until=lambda: (job.latest("step") or 0) >= 8, view=None)
     subprocess.run(["scontrol", "requeue", str(job.id)], check=True)  # what preemption does: SIGTERM, requeue
@@ -192,15 +194,16 @@ def test_killed_owner_leaves_no_daemon(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "DISTLAB_RUNS": str(root)})
     folder = Path(owner.stdout.readline().strip())
+    door = Path((folder / "door").read_text())
     daemons = json.loads((folder / "daemons.json").read_text())
     assert len(daemons) == 3 and all(running(d["pid"]) for d in daemons)
     owner.kill()
     owner.wait()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (any(running(d["pid"]) for d in daemons) or _processes_of(folder)):
+    while time.monotonic() < deadline and (any(running(d["pid"]) for d in daemons) or _processes_of(folder, door)):
         time.sleep(0.2)
     assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
-    assert not _processes_of(folder) and not folder.exists()
+    assert not _processes_of(folder, door) and not folder.exists() and not door.exists()
 
 
 def _last_job_id() -> int:
@@ -213,14 +216,98 @@ def _port(cluster) -> str:
                 if line.startswith("SlurmctldPort="))
 
 
-def test_other_users_cannot_use_the_cluster(cluster):
-    """Another uid can get no munge credential from this cluster's munged (so no daemon of it will
-    answer that uid), nor read its key or configuration."""
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+def test_other_users_cannot_use_the_cluster(cluster, other_user):
+    """Another uid (a real second user, and nobody) can get no munge credential from this cluster's munged
+    (so no daemon of it will answer that uid), nor read its key or configuration; its job user can."""
     sock = Path(next(part.split("=", 1)[1] for part in cluster.conf.read_text().split()
                      if part.startswith("AuthInfo=")).split(",")[0].removeprefix("socket="))
     assert subprocess.run(["munge", "-n", "-S", str(sock)], capture_output=True).returncode == 0
-    denied = subprocess.run([*as_nobody, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
-    assert denied.returncode != 0 and "Permission denied" in denied.stderr
-    for secret in (cluster.folder / "munge" / "munge.key", cluster.conf):
-        assert subprocess.run([*as_nobody, "cat", str(secret)], capture_output=True).returncode != 0
+    assert subprocess.run(["runuser", "-u", cluster.user, "--", "munge", "-n", "-S", str(sock)],
+                          capture_output=True).returncode == 0
+    for who in (["runuser", "-u", other_user.pw_name, "--"], ["setpriv", "--reuid=65534", "--regid=65534",
+                                                               "--clear-groups"]):
+        denied = subprocess.run([*who, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+        for secret in (cluster.folder / "munge" / "munge.key", cluster.conf):
+            assert subprocess.run([*who, "cat", str(secret)], capture_output=True).returncode != 0
+
+
+def test_jobs_run_as_the_job_user_never_as_root(cluster):
+    """A job's processes run as the cluster's job user (here the dedicated account: no SUDO_USER in CI);
+    root itself may not run a job on this cluster at all (DisableRootJobs)."""
+    import pwd
+
+    assert cluster.user == "distlab-job" and pwd.getpwnam(cluster.user).pw_uid != 0
+    res = slurm.submit(slurm_jobs.whoami, ranks_per_node=2, view=None)
+    uid = pwd.getpwnam(cluster.user).pw_uid
+    assert res.returns == {0: (uid, uid), 1: (uid, uid)}
+    assert res.run_dir.stat().st_uid == uid and res.run_dir.parent == cluster.jobs
+    assert slurm.attach(res.job_id).run_dir == res.run_dir
+    refused = subprocess.run(["sbatch", "--wrap", "id -u"], capture_output=True, text=True, cwd=cluster.jobs)
+    assert refused.returncode != 0, "root could submit a job"
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "tasks"])
+def test_a_one_node_job_hosts_no_store_on_a_port(cluster, mode):
+    """torchrun's c10d store (and rank 0's TCPStore in tasks mode) listened on every interface, and
+    torchrun's agent unpickles what it reads there: on one node the ranks meet in the run folder."""
+    res = slurm.submit(slurm_jobs.listeners, ranks_per_node=2, mode=mode, view=None)
+    assert res.returns[0]["sum"] == 2.0
+    assert res.returns[0]["listeners"] == [] and res.returns[1]["listeners"] == []
+    assert (res.run_dir / "stores").is_dir(), "the ranks did not meet in the run folder"
+
+
+def test_daemons_listen_on_loopback_only(cluster):
+    pids = {d.pid for d in cluster.daemons}
+    found = [(c.pid, c.laddr.ip) for c in psutil.net_connections("tcp")
+             if c.pid in pids and c.status == psutil.CONN_LISTEN]
+    assert found and all(ip == "127.0.0.1" for _, ip in found), found
+
+
+def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, monkeypatch, tmp_path):
+    """Another user binds the port picked for slurmctld before slurmctld does: it starts on a new one."""
+    from second_user import other_python, start_as_other, stop_other
+
+    from distlab.slurm import cluster as cluster_module
+
+    squatter = start_as_other(f"{other_python()} -c \"import socket, time; s = socket.socket(); "
+                              "s.bind(('0.0.0.0', 0)); s.listen(); print(s.getsockname()[1], flush=True); "
+                              "time.sleep(120)\"")
+    try:
+        port = int(squatter.stdout.readline())
+        ports = iter([port])
+        real = cluster_module.free_port
+        monkeypatch.setattr(cluster_module, "free_port", lambda: next(ports, None) or real())
+        monkeypatch.setattr(cluster_module, "_CURRENT", None)
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        second = slurm.local_cluster(root=tmp_path, use_existing=False)
+        try:
+            assert second.running() and port not in second.ports.values()
+            assert f"SlurmctldPort={second.ports['ctld']}" in second.conf.read_text()
+        finally:
+            second.stop()
+    finally:
+        stop_other(squatter)
+
+
+def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared_tmp):
+    """A cluster (or a user's shell) may hand tasks TMPDIR=/tmp: the rank's tempfile (torch's
+    pytorch-errorfile-*.pickle, read back by its launcher) must still go to a private folder."""
+    from distlab.runfolder import RunFolder
+
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    folder = RunFolder.create("slurm-tmp", root)
+    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
+                                                      "single_node": True, "sys_path": [], "plain_python": False}))
+    target = tmp_path / "target.py"
+    target.write_text("import tempfile; print('TMP', tempfile.gettempdir())\n")
+    env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "TMPDIR": str(shared_tmp), "SLURM_PROCID": "0",
+           "SLURM_NTASKS": "1", "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    log = (folder.path / "logs" / "attempt0" / "rank0.out").read_text()
+    assert done.returncode == 0, log + done.stderr
+    used = Path(log.split("TMP ")[1].split()[0])
+    assert used.is_relative_to(folder.path) and used.stat().st_uid == os.geteuid()
+    assert used.stat().st_mode & 0o777 == 0o700

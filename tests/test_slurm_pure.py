@@ -21,20 +21,71 @@ def _bash_ok(text: str) -> None:
 
 
 def test_torchrun_script_says_what_it_does():
-    text = spec.render(_spec(workdir=Path("/w"), extra=["--mem=4G"]), Path("/runs/r1/job.sbatch"),
+    text = spec.render(_spec(workdir=Path("/w"), extra=["--mem=4G"], nodes=2), Path("/runs/r1/job.sbatch"),
                        Path("/runs/r1/logs/slurm-%j.out"))
     _bash_ok(text)
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash" and "sbatch /runs/r1/job.sbatch" in lines[2]
     options = [line.split()[1] for line in lines if line.startswith("#SBATCH")]
-    assert options == ["--job-name=ddp_train", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2",
+    assert options == ["--job-name=ddp_train", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
                        "--time=00:10:00", "--chdir=/w", "--output=/runs/r1/logs/slurm-%j.out", "--open-mode=append",
                        "--mem=4G"]
     assert "umask 077" in text and "export DISTLAB_RUN_DIR=/runs/r1" in text and "export TMPDIR=/runs/r1/tmp" in text
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:$port" --rdzv-id "$SLURM_JOB_ID"' in text
-    assert "--nproc-per-node 2" in text
+    assert "--nproc-per-node 2" in text and "the cluster's network must be trusted" in text
     assert lines[-1] == "    -m distlab.slurm.rank /w/ddp_train.py --epochs 1"
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "tasks"])
+def test_one_node_scripts_open_no_rendezvous_port(mode):
+    """One node, either mode: no torchrun (its c10d store listens on every interface and unpickles what
+    it reads), no MASTER_PORT, no port picked: the ranks meet in the run folder's FileStore."""
+    text = spec.render(_spec(mode=mode), Path("/j.sbatch"), Path("/l"))
+    _bash_ok(text)
+    commands = "\n".join(line.split("#")[0] for line in text.splitlines() if not line.startswith("#"))
+    for absent in ("torchrun", "--rdzv", "MASTER_PORT", "port=", "head_node"):
+        assert absent not in commands, absent
+    assert "FileStore in the run folder" in text
+    if mode == "torchrun":
+        assert "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --cpus-per-task=2" in text
+        assert text.rstrip().endswith("srun python -m distlab.slurm.rank --nproc-per-node 2 /w/ddp_train.py --epochs 1")
+    else:
+        assert "#SBATCH --ntasks-per-node=2" in text
+        assert text.rstrip().endswith("srun --kill-on-bad-exit=1 python -m distlab.slurm.rank "
+                                      "/w/ddp_train.py --epochs 1")
+
+
+def test_one_node_ranks_meet_in_a_file_per_attempt():
+    assert rank.single_node_environment(3) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+                                               "TORCHELASTIC_RESTART_COUNT": "3"}
+    from distlab.rendezvous import PLACEHOLDER_PORT
+
+    assert rank.PLACEHOLDER_PORT == str(PLACEHOLDER_PORT)
+    assert rank.parse_args(["--nproc-per-node", "2", "t.py", "-x"]) == (2, ["t.py", "-x"])
+    assert rank.parse_args(["t.py", "--nproc-per-node", "2"]) == (None, ["t.py", "--nproc-per-node", "2"])
+    with pytest.raises(ValueError):
+        rank.parse_args(["--nproc-per-node", "0", "t.py"])
+    assert rank.agent_environment(1, 2) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+                                            "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "ROLE_RANK": "1",
+                                            "ROLE_WORLD_SIZE": "2"}
+    assert rank.exit_status(3) == 3 and rank.exit_status(-15) == 143
+
+
+def test_a_port_lost_to_a_squatter_is_recognised():
+    assert cluster.lost_its_port(["[x] error: Error binding slurm stream socket: Address already in use"])
+    assert cluster.lost_its_port(["slurmd: error: Unable to bind listen port (6818): Address already in use"])
+    assert not cluster.lost_its_port(["fatal: Unable to determine this slurmd's NodeName"])
+
+
+def test_the_watchdog_does_not_import_from_the_current_folder(tmp_path):
+    """The watchdog runs as root in whatever folder the notebook is in: a planted ``psutil.py`` there must
+    not be imported (``-P``)."""
+    (tmp_path / "psutil.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'w').close()\n")
+    argv = cluster.watchdog_argv(2**22 + 1, 0.0, tmp_path / "no-such-cluster")
+    assert argv[1] == "-P"
+    subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=60)
+    assert not (tmp_path / "planted-ran").exists()
 
 
 def test_tasks_script_starts_one_task_per_rank():
@@ -124,7 +175,8 @@ def test_cluster_config_and_missing_packages(tmp_path):
     text = slurmconf.config_text(tmp_path, "vm", 7001, 7002, "root", 2, 1800, tmp_path / "s" / "munge.sock")
     conf = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
                 and " " not in line.split("=", 1)[0])
-    assert conf["SlurmctldHost"] == "vm" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
+    assert conf["SlurmctldHost"] == "vm(127.0.0.1)" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
+    assert conf["CommunicationParameters"] == "NoCtldInAddrAny,NoInAddrAny"  # 127.0.0.1, not every interface
     assert conf["AuthInfo"] == f"socket={tmp_path}/s/munge.sock,cred_expire=2"
     assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
     assert all(str(tmp_path) in conf[k] for k in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile"))
@@ -132,20 +184,6 @@ def test_cluster_config_and_missing_packages(tmp_path):
     missing = slurmconf.missing_programs(which=lambda p, path=None: None if p in ("munged", "slurmd") else "/x")
     assert missing == {"munged": "munge", "slurmd": "slurmd"}
     assert slurmconf.install_hint(missing).startswith("Install them: apt-get install munge slurm-wlm ")
-
-
-def test_long_folders_put_munges_socket_elsewhere(tmp_path):
-    short = tmp_path / "c"
-    short.mkdir()
-    assert slurmconf.socket_folder(short) == short / "munge-socket"
-    deep = tmp_path / ("x" * 90)
-    deep.mkdir()
-    elsewhere = slurmconf.socket_folder(deep)
-    try:
-        assert elsewhere.name.startswith("distlab-munge-") and len(str(elsewhere / "munge.sock")) < 108
-        assert (deep / "munge-socket-folder").read_text() == str(elsewhere)
-    finally:
-        elsewhere.rmdir()
 
 
 def test_not_root_is_refused_with_the_reason(monkeypatch):
