@@ -265,7 +265,8 @@ def test_daemons_listen_on_loopback_only(cluster):
 
 
 def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, monkeypatch, tmp_path):
-    """Another user binds the port picked for slurmctld before slurmctld does: it starts on a new one."""
+    """Another user binds the port picked for slurmctld before slurmctld does: it starts on a new one.
+    This second cluster names its job user (``user=``): its jobs run as that user."""
     from second_user import other_python, start_as_other, stop_other
 
     from distlab.slurm import cluster as cluster_module
@@ -280,10 +281,12 @@ def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, mo
         monkeypatch.setattr(cluster_module, "free_port", lambda: next(ports, None) or real())
         monkeypatch.setattr(cluster_module, "_CURRENT", None)
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-        second = slurm.local_cluster(root=tmp_path, use_existing=False)
+        second = slurm.local_cluster(root=tmp_path, use_existing=False, user=other_user.pw_name)
         try:
             assert second.running() and port not in second.ports.values()
             assert f"SlurmctldPort={second.ports['ctld']}" in second.conf.read_text()
+            res = slurm.submit(slurm_jobs.whoami, view=None)
+            assert res.returns == {0: (other_user.pw_uid, other_user.pw_uid)}
         finally:
             second.stop()
     finally:

@@ -1,11 +1,12 @@
 """distlab.slurm without a cluster: the sbatch script, the checks before sbatch, Slurm's output read back,
 the rank environment, the cluster's configuration, the error messages word for word."""
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from distlab.slurm import cluster, commands, errors, job, rank, slurmconf, spec
+from distlab.slurm import cluster, commands, errors, job, jobuser, rank, slurmconf, spec
 from distlab.slurm.commands import JobState
 
 
@@ -236,3 +237,53 @@ def test_timeout_and_interrupt_messages():
     i = errors.SlurmInterrupted(4, "/runs/x")
     assert isinstance(i, KeyboardInterrupt) and str(i) == (
         "distlab.slurm: interrupted; job 4 was cancelled (scancel) and has left the queue. Run folder: /runs/x")
+
+
+def test_who_the_local_clusters_jobs_run_as():
+    """Never root: a named user, else whoever used sudo, else the dedicated account (which may be created)."""
+    assert cluster.choose_job_user("alice", {"SUDO_USER": "bob"}) == ("alice", False)
+    assert cluster.choose_job_user(None, {"SUDO_USER": "bob"}) == ("bob", False)
+    assert cluster.choose_job_user(None, {"SUDO_USER": "root"}) == ("distlab-job", True)
+    assert cluster.choose_job_user(None, {}) == ("distlab-job", True)
+    for root in ("root", "0"):
+        with pytest.raises(errors.ClusterError, match="its jobs would run as root"):
+            cluster.choose_job_user(root, {})
+    with pytest.raises(errors.ClusterError, match="has uid 0"):
+        cluster.ensure_account("root", False)
+    with pytest.raises(errors.ClusterError, match="does not exist"):
+        cluster.ensure_account("no-such-user-distlab", False)
+    assert "DisableRootJobs=YES" in slurmconf.config_text(Path("/c"), "vm", 1, 2, "root", 2, 100, Path("/s"))
+
+
+def test_the_jobs_environment_keeps_none_of_roots_folders(tmp_path):
+    import pwd
+
+    account = pwd.struct_passwd(("distlab-job", "x", 995, 995, "", "/nonexistent", "/usr/sbin/nologin"))
+    env = {"HOME": "/root", "USER": "root", "XDG_RUNTIME_DIR": "/run/user/0", "DISTLAB_RUNS": "/root/runs",
+           "TMPDIR": "/tmp", "PATH": "/usr/bin", "SLURM_CONF": "/tmp/d/slurm.conf"}
+    out = jobuser.job_environment(env, account, tmp_path)
+    assert out == {"HOME": str(tmp_path), "USER": "distlab-job", "LOGNAME": "distlab-job", "PATH": "/usr/bin",
+                   "SLURM_CONF": "/tmp/d/slurm.conf"}
+    assert jobuser.as_user(account) == {"user": 995, "group": 995, "extra_groups": []}
+    assert jobuser.python_candidates("3.11", "/opt/py")[0] == "/opt/py/bin/python3.11"
+
+
+def test_a_job_folder_is_trusted_only_while_the_job_user_alone_owns_it(tmp_path):
+    from distlab.errors import RunFolderError
+
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    me = os.geteuid()
+    jobuser.check_job_folder(folder, me)
+    with pytest.raises(RunFolderError, match="no longer a private folder of uid 12345"):
+        jobuser.check_job_folder(folder, 12345)
+    folder.chmod(0o750)
+    with pytest.raises(RunFolderError, match="mode 0750"):
+        jobuser.check_job_folder(folder, me)
+    f = tmp_path / "rank0.pt"
+    f.write_bytes(b"x")
+    f.chmod(0o600)
+    jobuser.check_job_file(f, me)
+    f.chmod(0o620)
+    with pytest.raises(RunFolderError, match="not a file only uid"):
+        jobuser.check_job_file(f, me)

@@ -47,22 +47,27 @@ def submit(target, args=(), *, nodes: int = 1, ranks_per_node: int = 1, mode: st
     job_spec, prepare = check_job(target, args, nodes, ranks_per_node, mode, gpus_per_node, cpus_per_task,
                                time_limit, partition, requeue, signal, extra, name, style, backend, workdir)
     timeout = config.check_timeout(timeout)
+    folder, account = prepare_folder(job_spec, prepare, root, is_file=not callable(target))
+    job = _sbatch(folder, job_spec, returns=callable(target), account=account)
+    return job.join(timeout=timeout, view=view) if join else job
+
+
+def prepare_folder(job_spec: spec.JobSpec, prepare, root=None, is_file: bool = False):
+    """The job's run folder with its target written, and the account the job runs as (None: whoever
+    submits). For distlab's local cluster run by root: the job user's Python, checks that the job user
+    reaches the working folder, the script and distlab, and a folder in the cluster's ``jobs/``."""
     account = job_account()
     if account is not None:
-        python, job_spec.site_paths = jobuser.job_python(account)
-        job_spec.python = python
-        if not callable(target):
-            jobuser.check_reachable(account, job_spec.workdir, prepare(None), [job_spec.import_path])
-        else:
-            jobuser.check_reachable(account, job_spec.workdir, Path("/"), [job_spec.import_path])
+        job_spec.python, job_spec.site_paths = jobuser.job_python(account)
+        jobuser.check_reachable(account, job_spec.workdir, prepare(None) if is_file else Path("/"),
+                                [job_spec.import_path])
         folder = _job_folder(f"slurm-{job_spec.name}", current_cluster().jobs)
     else:
         folder = RunFolder.create(f"slurm-{job_spec.name}", root)
     os.mkdir(folder.path / "tmp", PRIVATE_DIR)
     job_spec.run_dir = folder.path
     job_spec.target = prepare(folder)
-    job = _sbatch(folder, job_spec, returns=callable(target), account=account)
-    return job.join(timeout=timeout, view=view) if join else job
+    return folder, account
 
 
 def current_cluster():
