@@ -172,6 +172,13 @@ def test_bad_input_fails_before_sbatch(cluster, tmp_path):
         slurm.submit("nope.py")
     with pytest.raises(slurm.SlurmArgumentError, match="is not a Slurm time limit"):
         slurm.submit(slurm_jobs.hello, (1,), time_limit="ten minutes")
+    # root's own folders: the job user (jobs never run as root) could not enter or read them
+    with pytest.raises(slurm.SlurmArgumentError, match="cannot be entered by the cluster's job user 'distlab-job'"):
+        slurm.submit(slurm_jobs.hello, (1,), workdir=tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(slurm.SlurmArgumentError, match=r"os.chdir\(cluster.workdir\(\)\)"):
+        slurm.submit(script, workdir=cluster.workdir())
     assert _last_job_id() == before, "a job reached sbatch"
 
 
@@ -245,6 +252,17 @@ def test_jobs_run_as_the_job_user_never_as_root(cluster):
     assert slurm.attach(res.job_id).run_dir == res.run_dir
     refused = subprocess.run(["sbatch", "--wrap", "id -u"], capture_output=True, text=True, cwd=cluster.jobs)
     assert refused.returncode != 0, "root could submit a job"
+    # the job user owns its run folder but cannot swap it for something else under root's feet
+    swap = subprocess.run(["runuser", "-u", cluster.user, "--", "mv", str(res.run_dir), str(res.run_dir) + ".x"],
+                          capture_output=True, text=True)
+    assert swap.returncode != 0 and res.run_dir.is_dir()
+
+
+def test_another_user_cannot_enter_the_jobs_folders(cluster, other_user):
+    res = slurm.submit(slurm_jobs.whoami, view=None)
+    for path in (cluster.door, res.run_dir, cluster.workdir()):
+        done = subprocess.run(["runuser", "-u", other_user.pw_name, "--", "ls", str(path)], capture_output=True)
+        assert done.returncode != 0, f"{other_user.pw_name} could list {path}"
 
 
 @pytest.mark.parametrize("mode", ["torchrun", "tasks"])

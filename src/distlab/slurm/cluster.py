@@ -18,10 +18,10 @@ dedicated unprivileged account, ``distlab-job`` (made with ``useradd --system`` 
 code a notebook chose to run, and as root any mistake in it, or anyone who reaches a port it opens,
 owns the machine. That user needs a few things of this cluster, in its *door*: a folder made in the
 system's temporary directory (``distlab-slurm-*``), owned by root and the job user's group, mode
-0710 (enter, not list), holding ``slurm.conf`` (0640), munged's socket and ``jobs/`` (the job user's
-0700 folder, where each job's run folder goes). Nobody outside that group can ask this munged for a
-credential, so no other user can talk to the daemons; everything else (key, state, logs) stays in
-the private folder.
+0710 (enter, not list), holding ``slurm.conf`` (0640), munged's socket, slurmd's spool and ``jobs/``
+(root's, 0711), where each job's run folder (the job user's, 0700) goes. Nobody outside that group
+can ask this munged for a credential, so no other user can talk to the daemons; everything else
+(key, state, logs) stays in the private folder.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class LocalCluster:
 
     @property
     def jobs(self) -> Path:
-        """Where the run folders of this cluster's jobs go (the job user's, 0700)."""
+        """Where the run folders of this cluster's jobs go (root's, 0711; each run folder the job user's, 0700)."""
         return self.door / "jobs"
 
     @property
@@ -293,15 +293,16 @@ DOOR_RECORD = "door"  # in the private folder: where the door is (removed with t
 
 def make_door(folder: Path, account: pwd.struct_passwd) -> Path:
     """The folder the job user reaches (see the module docstring): root:<its group> 0710 in the system's
-    temporary directory (short: munged's socket path must fit 107 bytes), with ``jobs/`` (theirs, 0700)."""
+    temporary directory (short: munged's socket path must fit 107 bytes), with ``spool/`` and ``jobs/``
+    (root's, 0711: the job user enters its own folders there but cannot rename or plant entries)."""
     door = Path(tempfile.mkdtemp(prefix="distlab-slurm-", dir=system_tmp()))
     write_private(folder / DOOR_RECORD, str(door))
     os.chown(door, 0, account.pw_gid)
     os.chmod(door, 0o710)
     os.mkdir(door / "spool", 0o711)  # slurmd keeps each job's batch script in a folder of the job's user here
     os.chmod(door / "spool", 0o711)
-    os.mkdir(door / "jobs", PRIVATE_DIR)
-    os.chown(door / "jobs", account.pw_uid, account.pw_gid)
+    os.mkdir(door / "jobs", 0o711)  # root's: the job user enters its own folders here, but renames nothing
+    os.chmod(door / "jobs", 0o711)
     return door
 
 

@@ -272,23 +272,24 @@ def save_meta(folder: RunFolder, meta: dict) -> None:
 def attach(job_id: int, root: Path | None = None) -> SlurmJob:
     """The :class:`SlurmJob` for ``job_id`` submitted earlier (from any kernel) by you, through distlab.
 
-    Looks for the run folder holding it in your private runs root; with several (two clusters
+    Looks for the run folder holding it in your private runs root, and in the records of distlab's
+    local cluster (its jobs' run folders belong to the job user); with several (two clusters
     numbered jobs alike), the newest submitted under the current SLURM_CONF wins.
     """
     root = private_root(root)
+    from .jobuser import check_job_folder, records
     from .submit import current_cluster
 
     local = current_cluster()
     found = []
-    for path in [*root.glob(f"*/{META}"), *(local.jobs.glob(f"*/{META}") if local is not None else ())]:
+    for path in [*root.glob(f"*/{META}"), *(records(local.folder) if local is not None else ())]:
         meta = json.loads(path.read_text())
         if meta.get("job_id") == int(job_id):
-            found.append((meta.get("slurm_conf") == os.environ.get("SLURM_CONF"), meta["submitted"], path, meta))
+            run_dir = Path(meta.get("run_dir") or path.parent)
+            found.append((meta.get("slurm_conf") == os.environ.get("SLURM_CONF"), meta["submitted"], run_dir, meta))
     if not found:
         raise SlurmNotFoundError(NOT_OURS.format(job_id=job_id, root=root))
-    *_, path, meta = max(found, key=lambda f: (f[0], f[1]))
-    from .jobuser import check_job_folder
-
-    check_job_folder(path.parent, meta.get("uid", os.geteuid()))
-    return SlurmJob(int(job_id), path.parent, meta)
+    *_, run_dir, meta = max(found, key=lambda f: (f[0], f[1]))
+    check_job_folder(run_dir, meta.get("uid", os.geteuid()))
+    return SlurmJob(int(job_id), run_dir, meta)
 

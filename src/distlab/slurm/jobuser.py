@@ -9,9 +9,10 @@ cluster's job user (:func:`distlab.slurm.cluster.choose_job_user`). That user mu
   same version, with the notebook's ``site-packages`` and distlab's folder on ``PYTHONPATH``;
 * enter the working folder and read the script (:func:`check_reachable` says so before sbatch,
   with the way out: ``os.chdir(cluster.workdir())``);
-* write the run folder: it is made in the cluster's ``jobs/`` folder and handed over to that user
-  (:func:`hand_over`); the notebook, as root, reads it back and checks that it is still the job
-  user's alone before it unpickles a return value (:func:`check_job_folder`).
+* write the run folder: root makes and fills it in the cluster's ``jobs/`` folder (root's, 0711),
+  then hands it over to that user (:func:`hand_over`) and writes nothing there afterwards; the
+  notebook, as root, reads it back and checks that it is still the job user's alone before it
+  unpickles a return value (:func:`check_job_folder`).
 
 What the job user writes, the notebook trusts: that user is you (``SUDO_USER``), one you named, or
 an account that runs nothing but this cluster's jobs.
@@ -19,6 +20,7 @@ an account that runs nothing but this cluster's jobs.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pwd
 import shutil
@@ -84,20 +86,44 @@ def check_reachable(account: pwd.struct_passwd, workdir: Path, target: Path, imp
     probe = 'cd "$1" || exit 3; test -r "$2" || exit 4; shift 2; for p; do test -r "$p" || exit 5; done'
     done = subprocess.run(["sh", "-c", probe, "sh", str(workdir), str(target), *map(str, import_paths)],
                           capture_output=True, cwd="/", **as_user(account))
-    what = {3: ("workdir", workdir, "cannot be entered by"), 4: ("target", target, "cannot be read by"),
-            5: ("distlab", import_paths, "cannot be read by")}.get(done.returncode)
+    here = "Work in a folder that user owns: os.chdir(cluster.workdir()) (scripts, data and checkpoints go there)."
+    what = {3: ("workdir", workdir, "cannot be entered by", here), 4: ("target", target, "cannot be read by", here),
+            5: ("distlab", [str(p) for p in import_paths], "cannot be read by",
+                "Install distlab where that user can read it (a virtual environment outside root's home).")
+            }.get(done.returncode)
     if what:
-        name, value, problem = what
+        name, value, problem, hint = what
         raise SlurmArgumentError(name, str(value), f"{problem} the cluster's job user {account.pw_name!r} (jobs "
-                                 "never run as root)", "Work in a folder that user owns: "
-                                 "os.chdir(cluster.workdir()) (scripts, data and checkpoints go there).")
+                                 "never run as root)", hint)
 
 
 def hand_over(path: Path, account: pwd.struct_passwd) -> None:
-    """Give the run folder (everything in it) to the job user; modes stay 0700/0600."""
-    for folder, dirs, files in os.walk(path):
-        for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
-            os.lchown(name, account.pw_uid, account.pw_gid)
+    """Give the run folder (everything in it) to the job user; modes stay 0700/0600.
+
+    The folder is root's (0700) until its own owner changes, last: the job user cannot touch anything
+    in it while root walks it (no link swapped in under root's feet), and its parent, ``jobs/``, is
+    root's. After this, root writes nothing there (:func:`record` keeps the job id elsewhere)."""
+    for folder, dirs, files in os.walk(path, topdown=False):
+        for name in files + dirs:
+            os.lchown(os.path.join(folder, name), account.pw_uid, account.pw_gid)
+    os.lchown(path, account.pw_uid, account.pw_gid)
+
+
+RECORDS = "submitted"  # in the cluster's private folder: one <job id>.json per job submitted as the job user
+
+
+def record(cluster_folder: Path, meta: dict) -> None:
+    """Keep a job's record (what :func:`distlab.slurm.attach` reads) in the cluster's private folder:
+    the run folder belongs to the job user, whose files root must not be made to trust for this."""
+    from ..runfolder import PRIVATE_DIR, write_private
+
+    folder = Path(cluster_folder) / RECORDS
+    os.makedirs(folder, PRIVATE_DIR, exist_ok=True)
+    write_private(folder / f"{int(meta['job_id'])}.json", json.dumps(meta))
+
+
+def records(cluster_folder: Path) -> list[Path]:
+    return sorted((Path(cluster_folder) / RECORDS).glob("*.json"))
 
 
 def check_job_folder(path: Path, uid: int) -> None:

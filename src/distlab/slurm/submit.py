@@ -170,13 +170,14 @@ def _sbatch(folder: RunFolder, job: spec.JobSpec, returns: bool, account=None) -
             "mode": job.mode, "uid": os.geteuid() if account is None else account.pw_uid}
     if account is None:
         job_id = commands.sbatch(script)
-    else:
+        meta["job_id"] = job_id
+        save_meta(folder, meta)
+    else:  # root writes nothing into the folder once the job user has it: the record goes to the cluster's folder
         jobuser.hand_over(folder.path, account)
         job_id = commands.sbatch(script, user=account, env=jobuser.job_environment(os.environ, account, folder.path))
-    meta["job_id"] = job_id
-    save_meta(folder, meta)
-    if account is not None:
-        jobuser.hand_over(folder.path, account)
+        meta["job_id"] = job_id
+        meta["run_dir"] = str(folder.path)
+        jobuser.record(current_cluster().folder, meta)
     print(f"[slurm] submitted job {job_id}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), "
           f"sbatch script {script}", flush=True)
     return SlurmJob(job_id, folder.path, meta)
