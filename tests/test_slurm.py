@@ -332,3 +332,87 @@ def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared
     used = Path(log.split("TMP ")[1].split()[0])
     assert used.is_relative_to(folder.path) and used.stat().st_uid == os.geteuid()
     assert used.stat().st_mode & 0o777 == 0o700
+
+
+def _listening(pid: int) -> set[str]:
+    return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_a_multi_node_store_listens_on_the_endpoint_address_only():
+    """Several nodes must meet over the network, but torch's stores bind every interface: distlab.slurm.bound
+    binds torchrun's c10d store and rank 0's env:// store to the endpoint's address (here 127.0.0.1)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend
+
+    from distlab.rendezvous import bind_loopback
+    from distlab.slurm import bound
+
+    plain = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5))
+    assert _listening(os.getpid()) - {"127.0.0.1"}, "torch's own store is bound to one address: test is moot"
+    del plain
+    rendezvous = sys.modules["torch.distributed.rendezvous"]
+    saved = (c10d_rendezvous_backend.TCPStore, rendezvous.TCPStore)
+    try:
+        bound.patch(c10d_rendezvous_backend)
+        bound.patch(c10d_rendezvous_backend)  # idempotent
+        free = bind_loopback()
+        port = free.getsockname()[1]
+        free.close()
+        params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="t", min_nodes=1,
+                                      max_nodes=1, is_host=True)
+        backend, store = c10d_rendezvous_backend.create_backend(params)
+        assert _listening(os.getpid()) == {"127.0.0.1"}
+        store.set("k", "v")
+        assert dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5)).get("k") == b"v"
+        del backend, store
+        bound.patch(rendezvous)
+        store = rendezvous._create_c10d_store("127.0.0.1", 0, 0, 1, timedelta(seconds=5))
+        assert _listening(os.getpid()) == {"127.0.0.1"}
+        del store
+    finally:
+        c10d_rendezvous_backend.TCPStore, rendezvous.TCPStore = saved
+
+
+LISTENERS = """import os, psutil, torch.distributed as dist
+dist.init_process_group("gloo")
+for who in (psutil.Process(), psutil.Process().parent()):
+    print("LISTEN", who.pid, sorted({c.laddr.ip for c in who.net_connections("tcp") if c.status == "LISTEN"}))
+dist.destroy_process_group()
+"""
+
+
+def test_multi_node_entry_points_bind_their_stores(tmp_path):
+    """The commands a multi-node job runs (torchrun through distlab.slurm.bound; a tasks-mode rank through
+    distlab.slurm.rank), run here as one node: no store or agent listens beyond the endpoint's address."""
+    from distlab.rendezvous import bind_loopback
+    from distlab.runfolder import RunFolder
+
+    target = tmp_path / "target.py"
+    target.write_text(LISTENERS)
+    free = bind_loopback()
+    port = free.getsockname()[1]
+    free.close()
+    env = {**os.environ, "PYTHONPATH": str(Path(slurm.__file__).parents[2]), "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run([sys.executable, "-m", "distlab.slurm.bound", "torchrun", "--nnodes", "1",
+                           "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                           f"127.0.0.1:{port}", str(target)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    seen = [line for line in done.stdout.splitlines() if line.startswith("LISTEN")]
+    assert done.returncode == 0 and len(seen) == 2, done.stdout + done.stderr
+    assert all(line.endswith("['127.0.0.1']") or line.endswith("[]") for line in seen), seen
+    assert seen[1].endswith("['127.0.0.1']"), "the agent hosts no store?"
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    folder = RunFolder.create("slurm-bound", root)
+    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
+                                                      "single_node": False, "sys_path": [], "plain_python": False}))
+    env.update(DISTLAB_RUN_DIR=str(folder.path), SLURM_PROCID="0", SLURM_NTASKS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    done = subprocess.run([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    log = (folder.path / "logs" / "attempt0" / "rank0.out").read_text()
+    assert done.returncode == 0, log
+    rank0 = next(line for line in log.splitlines() if line.startswith("LISTEN"))
+    assert rank0.endswith("['127.0.0.1']"), rank0

@@ -34,7 +34,9 @@ def test_torchrun_script_says_what_it_does():
     assert "umask 077" in text and "export DISTLAB_RUN_DIR=/runs/r1" in text and "export TMPDIR=/runs/r1/tmp" in text
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:$port" --rdzv-id "$SLURM_JOB_ID"' in text
-    assert "--nproc-per-node 2" in text and "the cluster's network must be trusted" in text
+    assert "--nproc-per-node 2" in text and "network must be trusted" in text
+    assert "srun python -m distlab.slurm.bound torchrun \\" in lines  # its stores bound to the node's address
+    assert """s.bind((sys.argv[1], 0))""" in text and text.count('"$head_node"') == 1
     assert lines[-1] == "    -m distlab.slurm.rank /w/ddp_train.py --epochs 1"
 
 

@@ -17,7 +17,8 @@ share). For each rank it
    ``pytorch-errorfile-*.pickle`` is read back by its launcher, so it must never sit in a shared
    ``/tmp``): ``tmp/attempt<k>-rank<r>`` in the run folder, 0700;
 4. starts the rank as ``python -m distlab._start`` (distlab's worker runtime: stack dumps on
-   SIGUSR1, return values and ``report()`` rows into the run folder, TARGET run as ``__main__``)
+   SIGUSR1, return values and ``report()`` rows into the run folder, TARGET run as ``__main__``;
+   on several nodes through :mod:`distlab.slurm.bound`, rank 0's store bound to MASTER_ADDR's address)
    with stdout and stderr going to ``logs/attempt<SLURM_RESTART_COUNT>/rank<RANK>.out`` (0600):
    a requeued job writes a new attempt;
 5. waits for it, passing on SIGTERM/SIGINT/SIGHUP (and, as the agent, SIGUSR1/SIGUSR2), and writes its
@@ -107,8 +108,14 @@ def start_rank(folder: RunFolder, attempt_dir, attempt: int, run: dict, env: dic
     tmp = private_tmp(folder, attempt, rank)
     env = {**env, "TMPDIR": tmp}
     with open_private(RunFolder.rank_log(attempt_dir, rank, "out"), "ab") as out:
-        return subprocess.Popen([sys.executable, "-u", "-m", "distlab._start", str(run_json), *argv],
+        return subprocess.Popen([sys.executable, "-u", *start_module(run), str(run_json), *argv],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+
+
+def start_module(run: dict) -> list[str]:
+    """How a rank starts: ``distlab._start``; on several nodes through :mod:`distlab.slurm.bound`, so that
+    rank 0's ``env://`` store listens on MASTER_ADDR's address only, not on every interface."""
+    return ["-m", "distlab._start"] if run.get("single_node") else ["-m", "distlab.slurm.bound", "start"]
 
 
 def exit_status(code: int) -> int:

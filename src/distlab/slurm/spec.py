@@ -23,7 +23,9 @@ a placeholder nothing listens on). In ``mode="torchrun"`` the per-node agent is 
 (``python -m distlab.slurm.rank --nproc-per-node N``: it starts the node's ranks, stops the others
 when one fails, passes signals on) instead of torchrun, whose every rendezvous backend hosts a TCP
 store. Jobs on several nodes must meet over the network, so they trust it (as torchrun and
-``run_script(nnodes>1)`` do): use them among machines and a network you trust.
+``run_script(nnodes>1)`` do): use them among machines and a network you trust. Their store then
+listens only on the first node's address as the nodes resolve it (:mod:`distlab.slurm.bound`), not
+on the node's other interfaces.
 """
 from __future__ import annotations
 
@@ -190,9 +192,11 @@ def _rendezvous_lines(spec: JobSpec) -> list[str]:
         return ["# One node: the ranks meet in a FileStore in the run folder, as distlab.spawn's do; no rank",
                 "# and no agent listens on a port (torchrun's c10d store would, on every interface)."]
     return ["# The first node of the allocation hosts the rendezvous, on a port that is free there",
-            "# (this script runs on that node). Several nodes: the cluster's network must be trusted.",
+            "# (this script runs on that node), bound to its address only. Several nodes: the cluster's",
+            "# network must be trusted (torch's stores have no authentication).",
             "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
-            "port=$(python -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')"]
+            f"port=$({_python(spec)} -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
+            "print(s.getsockname()[1])' \"$head_node\")"]
 
 
 def _python(spec: JobSpec) -> str:
@@ -226,7 +230,8 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
                   f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.rank {command}"]
     elif spec.mode == "torchrun":
         lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
-                  "srun torchrun \\",
+                  "# torchrun, its c10d store bound to the first node's address only (not every interface)",
+                  f"srun {_python(spec)} -m distlab.slurm.bound torchrun \\",
                   "    --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "
                   f"--nproc-per-node {spec.ranks_per_node} \\",
                   "    --rdzv-backend c10d --rdzv-endpoint \"$head_node:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",
