@@ -100,10 +100,12 @@ def test_function_job_streams_live_and_returns(cluster):
     assert again.run_dir == job.run_dir and again.logs == res.logs and again.state.state == "COMPLETED"
 
 
-def test_failing_rank_is_named_and_survivors_stop(cluster):
+@pytest.mark.parametrize("mode", ["tasks", "torchrun"])
+def test_failing_rank_is_named_and_survivors_stop(cluster, mode):
+    """srun --kill-on-bad-exit stops the survivor in tasks mode; the one-node agent does in torchrun mode."""
     t0 = time.monotonic()
     with pytest.raises(slurm.SlurmJobFailedError) as info:
-        slurm.submit(slurm_jobs.fail_on_rank1, ranks_per_node=2, mode="tasks", view=None)
+        slurm.submit(slurm_jobs.fail_on_rank1, ranks_per_node=2, mode=mode, view=None)
     e = info.value
     assert e.rank == 1 and "rank 1 failed first (exit code 1)" in str(e) and "ValueError: rank 1 gives up" in str(e)
     assert e.result.exit_codes[1] == 1 and e.result.exit_codes[0] not in (0, None)  # stopped by Slurm
@@ -111,9 +113,10 @@ def test_failing_rank_is_named_and_survivors_stop(cluster):
     assert not commands.in_queue(e.result.job_id)
 
 
-def test_timeout_cancels_with_each_ranks_stack(cluster):
+@pytest.mark.parametrize("mode", ["tasks", "torchrun"])
+def test_timeout_cancels_with_each_ranks_stack(cluster, mode):
     with pytest.raises(slurm.SlurmTimeoutError) as info:
-        slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode="tasks", timeout=8, view=None)
+        slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode=mode, timeout=8, view=None)
     e = info.value
     assert sorted(e.stacks) == [0, 1], f"stacks of {sorted(e.stacks)} only"
     assert all("wait_forever" in s for s in e.stacks.values())

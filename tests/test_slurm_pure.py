@@ -289,3 +289,32 @@ def test_a_job_folder_is_trusted_only_while_the_job_user_alone_owns_it(tmp_path)
     f.chmod(0o620)
     with pytest.raises(RunFolderError, match="not a file only uid"):
         jobuser.check_job_file(f, me)
+
+
+class _Child:
+    """A stand-in for a rank's Popen: ends with ``code`` after ``polls`` looks, or when terminated."""
+
+    def __init__(self, code, polls):
+        self.code, self.polls, self.signals = code, polls, []
+
+    def poll(self):
+        self.polls -= 1
+        return self.code if self.polls <= 0 else None
+
+    def terminate(self):
+        self.signals.append("TERM")
+        self.code, self.polls = -15, 0
+
+    def kill(self):
+        self.signals.append("KILL")
+        self.code, self.polls = -9, 0
+
+
+def test_the_one_node_agent_stops_the_others_when_a_rank_fails():
+    ended = []
+    survivor, failing = _Child(0, 10**6), _Child(1, 2)
+    codes = rank.wait_all({0: survivor, 1: failing}, lambda r, c: ended.append((r, c)))
+    assert ended == [(1, 1), (0, -15)] and codes == [1, -15] and survivor.signals == ["TERM"]
+    done = [_Child(0, 1), _Child(0, 3)]
+    assert rank.wait_all(dict(enumerate(done)), lambda r, c: None) == [0, 0]
+    assert all(c.signals == [] for c in done)
