@@ -286,26 +286,27 @@ def test_daemons_listen_on_loopback_only(cluster):
 
 
 def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, monkeypatch, tmp_path):
-    """Another user binds the port picked for slurmctld before slurmctld does: it starts on a new one.
-    This second cluster names its job user (``user=``): its jobs run as that user."""
+    """Another user binds the ports picked for slurmctld and slurmd before the daemons do: each starts
+    again on a new port. This second cluster names its job user (``user=``): its jobs run as that user."""
     from second_user import other_python, start_as_other, stop_other
 
     from distlab.slurm import cluster as cluster_module
 
-    squatter = start_as_other(f"{other_python()} -c \"import socket, time; s = socket.socket(); "
-                              "s.bind(('0.0.0.0', 0)); s.listen(); print(s.getsockname()[1], flush=True); "
-                              "time.sleep(120)\"")
+    squatter = start_as_other(f"{other_python()} -c \"import socket, time; held = [socket.socket() for _ in '12']; "
+                              "[s.bind(('0.0.0.0', 0)) or s.listen() for s in held]; "
+                              "print(*[s.getsockname()[1] for s in held], flush=True); time.sleep(120)\"")
     try:
-        port = int(squatter.stdout.readline())
-        ports = iter([port])
+        taken = [int(p) for p in squatter.stdout.readline().split()]
+        ports = iter(taken)  # the first two ports picked: slurmctld's, then slurmd's
         real = cluster_module.free_port
         monkeypatch.setattr(cluster_module, "free_port", lambda: next(ports, None) or real())
         monkeypatch.setattr(cluster_module, "_CURRENT", None)
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
         second = slurm.local_cluster(root=tmp_path, use_existing=False, user=other_user.pw_name)
         try:
-            assert second.running() and port not in second.ports.values()
-            assert f"SlurmctldPort={second.ports['ctld']}" in second.conf.read_text()
+            assert second.running() and not set(taken) & set(second.ports.values()), (taken, second.ports)
+            conf = second.conf.read_text()
+            assert f"SlurmctldPort={second.ports['ctld']}" in conf and f"SlurmdPort={second.ports['slurmd']}" in conf
             res = slurm.submit(slurm_jobs.whoami, view=None)
             assert res.returns == {0: (other_user.pw_uid, other_user.pw_uid)}
         finally:
