@@ -16,14 +16,12 @@ import argparse
 import os
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from distlab import slurm
-from distlab.runfolder import RunFolder
-from distlab.slurm import spec
-from distlab.slurm.submit import check_job, write_files
+from distlab.slurm import jobuser, spec
+from distlab.slurm.submit import check_job, job_account, prepare_folder, write_files
 
 TRIVIAL = '''import torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -46,16 +44,21 @@ def prepared(script: Path, mode: str) -> Path:
     """A fresh run folder with the sbatch script distlab.slurm would submit (not timed)."""
     job, prepare = check_job(script, (), 1, 2, mode, 0, None, "00:10:00", None, False, None, (), None,
                                  "spawn", "auto", None)
-    folder = RunFolder.create("slurm-by-hand")
-    os.mkdir(folder.path / "tmp", 0o700)
-    job.run_dir, job.target = folder.path, prepare(folder)
-    return write_files(folder, job)
+    job.name = "slurm-by-hand"
+    folder, account = prepare_folder(job, prepare, is_file=True)
+    script = write_files(folder, job)
+    if account is not None:  # the local cluster runs jobs as its job user, never root
+        jobuser.hand_over(folder.path, account)
+    return script
 
 
 def by_hand(sbatch: Path) -> tuple[float, dict]:
+    account = job_account()
+    as_user = {} if account is None else {**jobuser.as_user(account), "cwd": sbatch.parent,
+                                          "env": jobuser.job_environment(os.environ, account, sbatch.parent)}
     t0 = time.perf_counter()
     job_id = subprocess.run(["sbatch", "--parsable", str(sbatch)], capture_output=True, text=True, check=True,
-                            umask=0o077).stdout.strip()
+                            umask=0o077, **as_user).stdout.strip()
     running = None
     while True:
         state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout
@@ -78,8 +81,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mode", default="torchrun", choices=spec.MODES)
     a = p.parse_args()
-    slurm.local_cluster()
-    os.chdir(tempfile.mkdtemp(prefix="slurm-bench-"))
+    cluster = slurm.local_cluster()
+    os.chdir(cluster.workdir("slurm-bench-"))  # the job user reads the script here
     script = Path("trivial.py").resolve()
     script.write_text(TRIVIAL)
     ours, hand, phases = [], [], []

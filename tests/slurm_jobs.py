@@ -64,3 +64,31 @@ def wait_forever(rank):
     print(f"rank {rank} waiting", flush=True)
     sys.stdout.flush()
     time.sleep(3600)
+
+
+def listeners(rank):
+    """After the group is up: every TCP listener of this job's processes that is not on loopback."""
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    job, found = os.environ["SLURM_JOB_ID"], []
+    for conn in psutil.net_connections("tcp"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid is None or conn.laddr.ip.startswith("127."):
+            continue
+        try:
+            p = psutil.Process(conn.pid)
+            if p.environ().get("SLURM_JOB_ID") == job and p.environ().get("SLURM_CONF") == os.environ["SLURM_CONF"]:
+                found.append(f"{p.name()} {conn.laddr.ip}:{conn.laddr.port}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    dist.barrier()
+    return {"sum": t.item(), "listeners": found}
+
+
+def whoami(rank):
+    """The rank's (real uid, effective uid)."""
+    return os.getuid(), os.geteuid()

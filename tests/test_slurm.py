@@ -40,19 +40,20 @@ def cluster(tmp_path_factory):
     else:
         os.environ["DISTLAB_RUNS"] = old
     assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
-    assert not _processes_of(c.folder), "a process of the cluster outlived it"
+    assert not _processes_of(c.folder, c.door), "a process of the cluster outlived it"
     assert not c.folder.exists(), "the stopped cluster's folder is left in the runs root"
+    assert not c.door.exists(), "the stopped cluster's door (conf, socket, jobs) is left in the temp dir"
 
 
-def _processes_of(folder: Path) -> list[str]:
+def _processes_of(folder: Path, door: Path) -> list[str]:
     """Live processes that belong to the cluster in ``folder`` (its SLURM_CONF, or its paths in argv)."""
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "name"]):
         try:
             if p.status() == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
                 continue
-            if str(folder) in " ".join(p.info["cmdline"] or []) or \
-                    p.environ().get("SLURM_CONF") == str(folder / "slurm.conf"):
+            argv = " ".join(p.info["cmdline"] or [])
+            if str(folder) in argv or str(door) in argv or p.environ().get("SLURM_CONF") == str(door / "slurm.conf"):
                 found.append(f"{p.pid} {p.info['name']}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
@@ -99,10 +100,12 @@ def test_function_job_streams_live_and_returns(cluster):
     assert again.run_dir == job.run_dir and again.logs == res.logs and again.state.state == "COMPLETED"
 
 
-def test_failing_rank_is_named_and_survivors_stop(cluster):
+@pytest.mark.parametrize("mode", ["tasks", "torchrun"])
+def test_failing_rank_is_named_and_survivors_stop(cluster, mode):
+    """srun --kill-on-bad-exit stops the survivor in tasks mode; the one-node agent does in torchrun mode."""
     t0 = time.monotonic()
     with pytest.raises(slurm.SlurmJobFailedError) as info:
-        slurm.submit(slurm_jobs.fail_on_rank1, ranks_per_node=2, mode="tasks", view=None)
+        slurm.submit(slurm_jobs.fail_on_rank1, ranks_per_node=2, mode=mode, view=None)
     e = info.value
     assert e.rank == 1 and "rank 1 failed first (exit code 1)" in str(e) and "ValueError: rank 1 gives up" in str(e)
     assert e.result.exit_codes[1] == 1 and e.result.exit_codes[0] not in (0, None)  # stopped by Slurm
@@ -110,9 +113,10 @@ def test_failing_rank_is_named_and_survivors_stop(cluster):
     assert not commands.in_queue(e.result.job_id)
 
 
-def test_timeout_cancels_with_each_ranks_stack(cluster):
+@pytest.mark.parametrize("mode", ["tasks", "torchrun"])
+def test_timeout_cancels_with_each_ranks_stack(cluster, mode):
     with pytest.raises(slurm.SlurmTimeoutError) as info:
-        slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode="tasks", timeout=8, view=None)
+        slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode=mode, timeout=8, view=None)
     e = info.value
     assert sorted(e.stacks) == [0, 1], f"stacks of {sorted(e.stacks)} only"
     assert all("wait_forever" in s for s in e.stacks.values())
@@ -134,10 +138,11 @@ def test_interrupt_cancels_the_job(cluster):
     assert str(job.id) not in left and job.state.state == "CANCELLED"
 
 
-def test_requeue_resumes_from_the_checkpoint(cluster, tmp_path, capsys):
-    script = tmp_path / "resumable.py"
+def test_requeue_resumes_from_the_checkpoint(cluster, capsys):
+    work = cluster.workdir()  # the job user writes the checkpoint: a folder of its own
+    script = work / "resumable.py"
     script.write_text(slurm_jobs.RESUMABLE)
-    ckpt, steps = tmp_path / "ckpt.json", 30
+    ckpt, steps = work / "ckpt.json", 30
     job = slurm.submit(script, [str(steps), str(ckpt)], mode="tasks", requeue=True, join=False)
     job.watch(until=lambda: (job.latest("step") or 0) >= 8, view=None)
     subprocess.run(["scontrol", "requeue", str(job.id)], check=True)  # what preemption does: SIGTERM, requeue
@@ -170,6 +175,13 @@ def test_bad_input_fails_before_sbatch(cluster, tmp_path):
         slurm.submit("nope.py")
     with pytest.raises(slurm.SlurmArgumentError, match="is not a Slurm time limit"):
         slurm.submit(slurm_jobs.hello, (1,), time_limit="ten minutes")
+    # root's own folders: the job user (jobs never run as root) could not enter or read them
+    with pytest.raises(slurm.SlurmArgumentError, match="cannot be entered by the cluster's job user 'distlab-job'"):
+        slurm.submit(slurm_jobs.hello, (1,), workdir=tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(slurm.SlurmArgumentError, match=r"os.chdir\(cluster.workdir\(\)\)"):
+        slurm.submit(script, workdir=cluster.workdir())
     assert _last_job_id() == before, "a job reached sbatch"
 
 
@@ -192,15 +204,16 @@ def test_killed_owner_leaves_no_daemon(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "DISTLAB_RUNS": str(root)})
     folder = Path(owner.stdout.readline().strip())
+    door = Path((folder / "door").read_text())
     daemons = json.loads((folder / "daemons.json").read_text())
     assert len(daemons) == 3 and all(running(d["pid"]) for d in daemons)
     owner.kill()
     owner.wait()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (any(running(d["pid"]) for d in daemons) or _processes_of(folder)):
+    while time.monotonic() < deadline and (any(running(d["pid"]) for d in daemons) or _processes_of(folder, door)):
         time.sleep(0.2)
     assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
-    assert not _processes_of(folder) and not folder.exists()
+    assert not _processes_of(folder, door) and not folder.exists() and not door.exists()
 
 
 def _last_job_id() -> int:
@@ -213,14 +226,197 @@ def _port(cluster) -> str:
                 if line.startswith("SlurmctldPort="))
 
 
-def test_other_users_cannot_use_the_cluster(cluster):
-    """Another uid can get no munge credential from this cluster's munged (so no daemon of it will
-    answer that uid), nor read its key or configuration."""
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+def test_other_users_cannot_use_the_cluster(cluster, other_user):
+    """Another uid (a real second user, and nobody) can get no munge credential from this cluster's munged
+    (so no daemon of it will answer that uid), nor read its key or configuration; its job user can."""
     sock = Path(next(part.split("=", 1)[1] for part in cluster.conf.read_text().split()
                      if part.startswith("AuthInfo=")).split(",")[0].removeprefix("socket="))
     assert subprocess.run(["munge", "-n", "-S", str(sock)], capture_output=True).returncode == 0
-    denied = subprocess.run([*as_nobody, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
-    assert denied.returncode != 0 and "Permission denied" in denied.stderr
-    for secret in (cluster.folder / "munge" / "munge.key", cluster.conf):
-        assert subprocess.run([*as_nobody, "cat", str(secret)], capture_output=True).returncode != 0
+    assert subprocess.run(["runuser", "-u", cluster.user, "--", "munge", "-n", "-S", str(sock)],
+                          capture_output=True).returncode == 0
+    for who in (["runuser", "-u", other_user.pw_name, "--"], ["setpriv", "--reuid=65534", "--regid=65534",
+                                                               "--clear-groups"]):
+        denied = subprocess.run([*who, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+        for secret in (cluster.folder / "munge" / "munge.key", cluster.conf):
+            assert subprocess.run([*who, "cat", str(secret)], capture_output=True).returncode != 0
+
+
+def test_jobs_run_as_the_job_user_never_as_root(cluster):
+    """A job's processes run as the cluster's job user (here the dedicated account: no SUDO_USER in CI);
+    root itself may not run a job on this cluster at all (DisableRootJobs)."""
+    import pwd
+
+    assert cluster.user == "distlab-job" and pwd.getpwnam(cluster.user).pw_uid != 0
+    res = slurm.submit(slurm_jobs.whoami, ranks_per_node=2, view=None)
+    uid = pwd.getpwnam(cluster.user).pw_uid
+    assert res.returns == {0: (uid, uid), 1: (uid, uid)}
+    assert res.run_dir.stat().st_uid == uid and res.run_dir.parent == cluster.jobs
+    assert slurm.attach(res.job_id).run_dir == res.run_dir
+    refused = subprocess.run(["sbatch", "--wrap", "id -u"], capture_output=True, text=True, cwd=cluster.jobs)
+    assert refused.returncode != 0, "root could submit a job"
+    # the job user owns its run folder but cannot swap it for something else under root's feet
+    swap = subprocess.run(["runuser", "-u", cluster.user, "--", "mv", str(res.run_dir), str(res.run_dir) + ".x"],
+                          capture_output=True, text=True)
+    assert swap.returncode != 0 and res.run_dir.is_dir()
+
+
+def test_another_user_cannot_enter_the_jobs_folders(cluster, other_user):
+    res = slurm.submit(slurm_jobs.whoami, view=None)
+    for path in (cluster.door, res.run_dir, cluster.workdir()):
+        done = subprocess.run(["runuser", "-u", other_user.pw_name, "--", "ls", str(path)], capture_output=True)
+        assert done.returncode != 0, f"{other_user.pw_name} could list {path}"
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "tasks"])
+def test_a_one_node_job_hosts_no_store_on_a_port(cluster, mode):
+    """torchrun's c10d store (and rank 0's TCPStore in tasks mode) listened on every interface, and
+    torchrun's agent unpickles what it reads there: on one node the ranks meet in the run folder."""
+    res = slurm.submit(slurm_jobs.listeners, ranks_per_node=2, mode=mode, view=None)
+    assert res.returns[0]["sum"] == 2.0
+    assert res.returns[0]["listeners"] == [] and res.returns[1]["listeners"] == []
+    assert (res.run_dir / "stores").is_dir(), "the ranks did not meet in the run folder"
+
+
+def test_daemons_listen_on_loopback_only(cluster):
+    pids = {d.pid for d in cluster.daemons}
+    found = [(c.pid, c.laddr.ip) for c in psutil.net_connections("tcp")
+             if c.pid in pids and c.status == psutil.CONN_LISTEN]
+    assert found and all(ip == "127.0.0.1" for _, ip in found), found
+
+
+def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, monkeypatch, tmp_path):
+    """Another user binds the ports picked for slurmctld and slurmd before the daemons do: each starts
+    again on a new port. This second cluster names its job user (``user=``): its jobs run as that user."""
+    from second_user import other_python, start_as_other, stop_other
+
+    from distlab.slurm import cluster as cluster_module
+
+    squatter = start_as_other(f"{other_python()} -c \"import socket, time; held = [socket.socket() for _ in '12']; "
+                              "[s.bind(('0.0.0.0', 0)) or s.listen() for s in held]; "
+                              "print(*[s.getsockname()[1] for s in held], flush=True); time.sleep(120)\"")
+    try:
+        taken = [int(p) for p in squatter.stdout.readline().split()]
+        ports = iter(taken)  # the first two ports picked: slurmctld's, then slurmd's
+        real = cluster_module.free_port
+        monkeypatch.setattr(cluster_module, "free_port", lambda: next(ports, None) or real())
+        monkeypatch.setattr(cluster_module, "_CURRENT", None)
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        second = slurm.local_cluster(root=tmp_path, use_existing=False, user=other_user.pw_name)
+        try:
+            assert second.running() and not set(taken) & set(second.ports.values()), (taken, second.ports)
+            conf = second.conf.read_text()
+            assert f"SlurmctldPort={second.ports['ctld']}" in conf and f"SlurmdPort={second.ports['slurmd']}" in conf
+            res = slurm.submit(slurm_jobs.whoami, view=None)
+            assert res.returns == {0: (other_user.pw_uid, other_user.pw_uid)}
+        finally:
+            second.stop()
+    finally:
+        stop_other(squatter)
+
+
+def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared_tmp):
+    """A cluster (or a user's shell) may hand tasks TMPDIR=/tmp: the rank's tempfile (torch's
+    pytorch-errorfile-*.pickle, read back by its launcher) must still go to a private folder."""
+    from distlab.runfolder import RunFolder
+
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    folder = RunFolder.create("slurm-tmp", root)
+    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
+                                                      "single_node": True, "sys_path": [], "plain_python": False}))
+    target = tmp_path / "target.py"
+    target.write_text("import tempfile; print('TMP', tempfile.gettempdir())\n")
+    env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "TMPDIR": str(shared_tmp), "SLURM_PROCID": "0",
+           "SLURM_NTASKS": "1", "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    log = (folder.path / "logs" / "attempt0" / "rank0.out").read_text()
+    assert done.returncode == 0, log + done.stderr
+    used = Path(log.split("TMP ")[1].split()[0])
+    assert used.is_relative_to(folder.path) and used.stat().st_uid == os.geteuid()
+    assert used.stat().st_mode & 0o777 == 0o700
+
+
+def _listening(pid: int) -> set[str]:
+    return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_a_multi_node_store_listens_on_the_endpoint_address_only():
+    """Several nodes must meet over the network, but torch's stores bind every interface: distlab.slurm.bound
+    binds torchrun's c10d store and rank 0's env:// store to the endpoint's address (here 127.0.0.1)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend
+
+    from distlab.rendezvous import bind_loopback
+    from distlab.slurm import bound
+
+    plain = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5))
+    assert _listening(os.getpid()) - {"127.0.0.1"}, "torch's own store is bound to one address: test is moot"
+    del plain
+    rendezvous = sys.modules["torch.distributed.rendezvous"]
+    saved = (c10d_rendezvous_backend.TCPStore, rendezvous.TCPStore)
+    try:
+        bound.patch(c10d_rendezvous_backend)
+        bound.patch(c10d_rendezvous_backend)  # idempotent
+        free = bind_loopback()
+        port = free.getsockname()[1]
+        free.close()
+        params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="t", min_nodes=1,
+                                      max_nodes=1, is_host=True)
+        backend, store = c10d_rendezvous_backend.create_backend(params)
+        assert _listening(os.getpid()) == {"127.0.0.1"}
+        store.set("k", "v")
+        assert dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5)).get("k") == b"v"
+        del backend, store
+        bound.patch(rendezvous)
+        store = rendezvous._create_c10d_store("127.0.0.1", 0, 0, 1, timedelta(seconds=5))
+        assert _listening(os.getpid()) == {"127.0.0.1"}
+        del store
+    finally:
+        c10d_rendezvous_backend.TCPStore, rendezvous.TCPStore = saved
+
+
+LISTENERS = """import os, psutil, torch.distributed as dist
+dist.init_process_group("gloo")
+for who in (psutil.Process(), psutil.Process().parent()):
+    print("LISTEN", who.pid, sorted({c.laddr.ip for c in who.net_connections("tcp") if c.status == "LISTEN"}))
+dist.destroy_process_group()
+"""
+
+
+def test_multi_node_entry_points_bind_their_stores(tmp_path):
+    """The commands a multi-node job runs (torchrun through distlab.slurm.bound; a tasks-mode rank through
+    distlab.slurm.rank), run here as one node: no store or agent listens beyond the endpoint's address."""
+    from distlab.rendezvous import bind_loopback
+    from distlab.runfolder import RunFolder
+
+    target = tmp_path / "target.py"
+    target.write_text(LISTENERS)
+    free = bind_loopback()
+    port = free.getsockname()[1]
+    free.close()
+    env = {**os.environ, "PYTHONPATH": str(Path(slurm.__file__).parents[2]), "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run([sys.executable, "-m", "distlab.slurm.bound", "torchrun", "--nnodes", "1",
+                           "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                           f"127.0.0.1:{port}", str(target)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    seen = [line for line in done.stdout.splitlines() if line.startswith("LISTEN")]
+    assert done.returncode == 0 and len(seen) == 2, done.stdout + done.stderr
+    assert all(line.endswith("['127.0.0.1']") or line.endswith("[]") for line in seen), seen
+    assert seen[1].endswith("['127.0.0.1']"), "the agent hosts no store?"
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    folder = RunFolder.create("slurm-bound", root)
+    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
+                                                      "single_node": False, "sys_path": [], "plain_python": False}))
+    env.update(DISTLAB_RUN_DIR=str(folder.path), SLURM_PROCID="0", SLURM_NTASKS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    done = subprocess.run([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    log = (folder.path / "logs" / "attempt0" / "rank0.out").read_text()
+    assert done.returncode == 0, log
+    rank0 = next(line for line in log.splitlines() if line.startswith("LISTEN"))
+    assert rank0.endswith("['127.0.0.1']"), rank0

@@ -1,11 +1,12 @@
 """distlab.slurm without a cluster: the sbatch script, the checks before sbatch, Slurm's output read back,
 the rank environment, the cluster's configuration, the error messages word for word."""
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from distlab.slurm import cluster, commands, errors, job, rank, slurmconf, spec
+from distlab.slurm import cluster, commands, errors, job, jobuser, rank, slurmconf, spec
 from distlab.slurm.commands import JobState
 
 
@@ -21,20 +22,73 @@ def _bash_ok(text: str) -> None:
 
 
 def test_torchrun_script_says_what_it_does():
-    text = spec.render(_spec(workdir=Path("/w"), extra=["--mem=4G"]), Path("/runs/r1/job.sbatch"),
+    text = spec.render(_spec(workdir=Path("/w"), extra=["--mem=4G"], nodes=2), Path("/runs/r1/job.sbatch"),
                        Path("/runs/r1/logs/slurm-%j.out"))
     _bash_ok(text)
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash" and "sbatch /runs/r1/job.sbatch" in lines[2]
     options = [line.split()[1] for line in lines if line.startswith("#SBATCH")]
-    assert options == ["--job-name=ddp_train", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2",
+    assert options == ["--job-name=ddp_train", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
                        "--time=00:10:00", "--chdir=/w", "--output=/runs/r1/logs/slurm-%j.out", "--open-mode=append",
                        "--mem=4G"]
     assert "umask 077" in text and "export DISTLAB_RUN_DIR=/runs/r1" in text and "export TMPDIR=/runs/r1/tmp" in text
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:$port" --rdzv-id "$SLURM_JOB_ID"' in text
-    assert "--nproc-per-node 2" in text
+    assert "--nproc-per-node 2" in text and "network must be trusted" in text
+    assert "srun python -m distlab.slurm.bound torchrun \\" in lines  # its stores bound to the node's address
+    assert """s.bind((sys.argv[1], 0))""" in text and text.count('"$head_node"') == 1
     assert lines[-1] == "    -m distlab.slurm.rank /w/ddp_train.py --epochs 1"
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "tasks"])
+def test_one_node_scripts_open_no_rendezvous_port(mode):
+    """One node, either mode: no torchrun (its c10d store listens on every interface and unpickles what
+    it reads), no MASTER_PORT, no port picked: the ranks meet in the run folder's FileStore."""
+    text = spec.render(_spec(mode=mode), Path("/j.sbatch"), Path("/l"))
+    _bash_ok(text)
+    commands = "\n".join(line.split("#")[0] for line in text.splitlines() if not line.startswith("#"))
+    for absent in ("torchrun", "--rdzv", "MASTER_PORT", "port=", "head_node"):
+        assert absent not in commands, absent
+    assert "FileStore in the run folder" in text
+    if mode == "torchrun":
+        assert "#SBATCH --ntasks-per-node=1" in text and "#SBATCH --cpus-per-task=2" in text
+        assert text.rstrip().endswith("srun python -m distlab.slurm.rank --nproc-per-node 2 /w/ddp_train.py --epochs 1")
+    else:
+        assert "#SBATCH --ntasks-per-node=2" in text
+        assert text.rstrip().endswith("srun --kill-on-bad-exit=1 python -m distlab.slurm.rank "
+                                      "/w/ddp_train.py --epochs 1")
+
+
+def test_one_node_ranks_meet_in_a_file_per_attempt():
+    assert rank.single_node_environment(3) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+                                               "TORCHELASTIC_RESTART_COUNT": "3"}
+    from distlab.rendezvous import PLACEHOLDER_PORT
+
+    assert rank.PLACEHOLDER_PORT == str(PLACEHOLDER_PORT)
+    assert rank.parse_args(["--nproc-per-node", "2", "t.py", "-x"]) == (2, ["t.py", "-x"])
+    assert rank.parse_args(["t.py", "--nproc-per-node", "2"]) == (None, ["t.py", "--nproc-per-node", "2"])
+    with pytest.raises(ValueError):
+        rank.parse_args(["--nproc-per-node", "0", "t.py"])
+    assert rank.agent_environment(1, 2) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+                                            "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "ROLE_RANK": "1",
+                                            "ROLE_WORLD_SIZE": "2"}
+    assert rank.exit_status(3) == 3 and rank.exit_status(-15) == 143
+
+
+def test_a_port_lost_to_a_squatter_is_recognised():
+    assert cluster.lost_its_port(["[x] error: Error binding slurm stream socket: Address already in use"])
+    assert cluster.lost_its_port(["slurmd: error: Unable to bind listen port (6818): Address already in use"])
+    assert not cluster.lost_its_port(["fatal: Unable to determine this slurmd's NodeName"])
+
+
+def test_the_watchdog_does_not_import_from_the_current_folder(tmp_path):
+    """The watchdog runs as root in whatever folder the notebook is in: a planted ``psutil.py`` there must
+    not be imported (``-P``)."""
+    (tmp_path / "psutil.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'w').close()\n")
+    argv = cluster.watchdog_argv(2**22 + 1, 0.0, tmp_path / "no-such-cluster")
+    assert argv[1] == "-P"
+    subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=60)
+    assert not (tmp_path / "planted-ran").exists()
 
 
 def test_tasks_script_starts_one_task_per_rank():
@@ -124,7 +178,8 @@ def test_cluster_config_and_missing_packages(tmp_path):
     text = slurmconf.config_text(tmp_path, "vm", 7001, 7002, "root", 2, 1800, tmp_path / "s" / "munge.sock")
     conf = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
                 and " " not in line.split("=", 1)[0])
-    assert conf["SlurmctldHost"] == "vm" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
+    assert conf["SlurmctldHost"] == "vm(127.0.0.1)" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
+    assert conf["CommunicationParameters"] == "NoCtldInAddrAny,NoInAddrAny"  # 127.0.0.1, not every interface
     assert conf["AuthInfo"] == f"socket={tmp_path}/s/munge.sock,cred_expire=2"
     assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
     assert all(str(tmp_path) in conf[k] for k in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile"))
@@ -132,20 +187,6 @@ def test_cluster_config_and_missing_packages(tmp_path):
     missing = slurmconf.missing_programs(which=lambda p, path=None: None if p in ("munged", "slurmd") else "/x")
     assert missing == {"munged": "munge", "slurmd": "slurmd"}
     assert slurmconf.install_hint(missing).startswith("Install them: apt-get install munge slurm-wlm ")
-
-
-def test_long_folders_put_munges_socket_elsewhere(tmp_path):
-    short = tmp_path / "c"
-    short.mkdir()
-    assert slurmconf.socket_folder(short) == short / "munge-socket"
-    deep = tmp_path / ("x" * 90)
-    deep.mkdir()
-    elsewhere = slurmconf.socket_folder(deep)
-    try:
-        assert elsewhere.name.startswith("distlab-munge-") and len(str(elsewhere / "munge.sock")) < 108
-        assert (deep / "munge-socket-folder").read_text() == str(elsewhere)
-    finally:
-        elsewhere.rmdir()
 
 
 def test_not_root_is_refused_with_the_reason(monkeypatch):
@@ -198,3 +239,82 @@ def test_timeout_and_interrupt_messages():
     i = errors.SlurmInterrupted(4, "/runs/x")
     assert isinstance(i, KeyboardInterrupt) and str(i) == (
         "distlab.slurm: interrupted; job 4 was cancelled (scancel) and has left the queue. Run folder: /runs/x")
+
+
+def test_who_the_local_clusters_jobs_run_as():
+    """Never root: a named user, else whoever used sudo, else the dedicated account (which may be created)."""
+    assert cluster.choose_job_user("alice", {"SUDO_USER": "bob"}) == ("alice", False)
+    assert cluster.choose_job_user(None, {"SUDO_USER": "bob"}) == ("bob", False)
+    assert cluster.choose_job_user(None, {"SUDO_USER": "root"}) == ("distlab-job", True)
+    assert cluster.choose_job_user(None, {}) == ("distlab-job", True)
+    for root in ("root", "0"):
+        with pytest.raises(errors.ClusterError, match="its jobs would run as root"):
+            cluster.choose_job_user(root, {})
+    with pytest.raises(errors.ClusterError, match="has uid 0"):
+        cluster.ensure_account("root", False)
+    with pytest.raises(errors.ClusterError, match="does not exist"):
+        cluster.ensure_account("no-such-user-distlab", False)
+    assert "DisableRootJobs=YES" in slurmconf.config_text(Path("/c"), "vm", 1, 2, "root", 2, 100, Path("/s"))
+
+
+def test_the_jobs_environment_keeps_none_of_roots_folders(tmp_path):
+    import pwd
+
+    account = pwd.struct_passwd(("distlab-job", "x", 995, 995, "", "/nonexistent", "/usr/sbin/nologin"))
+    env = {"HOME": "/root", "USER": "root", "XDG_RUNTIME_DIR": "/run/user/0", "DISTLAB_RUNS": "/root/runs",
+           "TMPDIR": "/tmp", "PATH": "/usr/bin", "SLURM_CONF": "/tmp/d/slurm.conf"}
+    out = jobuser.job_environment(env, account, tmp_path)
+    assert out == {"HOME": str(tmp_path), "USER": "distlab-job", "LOGNAME": "distlab-job", "PATH": "/usr/bin",
+                   "SLURM_CONF": "/tmp/d/slurm.conf"}
+    assert jobuser.as_user(account) == {"user": 995, "group": 995, "extra_groups": []}
+    assert jobuser.python_candidates("3.11", "/opt/py")[0] == "/opt/py/bin/python3.11"
+
+
+def test_a_job_folder_is_trusted_only_while_the_job_user_alone_owns_it(tmp_path):
+    from distlab.errors import RunFolderError
+
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    me = os.geteuid()
+    jobuser.check_job_folder(folder, me)
+    with pytest.raises(RunFolderError, match="no longer a private folder of uid 12345"):
+        jobuser.check_job_folder(folder, 12345)
+    folder.chmod(0o750)
+    with pytest.raises(RunFolderError, match="mode 0750"):
+        jobuser.check_job_folder(folder, me)
+    f = tmp_path / "rank0.pt"
+    f.write_bytes(b"x")
+    f.chmod(0o600)
+    jobuser.check_job_file(f, me)
+    f.chmod(0o620)
+    with pytest.raises(RunFolderError, match="not a file only uid"):
+        jobuser.check_job_file(f, me)
+
+
+class _Child:
+    """A stand-in for a rank's Popen: ends with ``code`` after ``polls`` looks, or when terminated."""
+
+    def __init__(self, code, polls):
+        self.code, self.polls, self.signals = code, polls, []
+
+    def poll(self):
+        self.polls -= 1
+        return self.code if self.polls <= 0 else None
+
+    def terminate(self):
+        self.signals.append("TERM")
+        self.code, self.polls = -15, 0
+
+    def kill(self):
+        self.signals.append("KILL")
+        self.code, self.polls = -9, 0
+
+
+def test_the_one_node_agent_stops_the_others_when_a_rank_fails():
+    ended = []
+    survivor, failing = _Child(0, 10**6), _Child(1, 2)
+    codes = rank.wait_all({0: survivor, 1: failing}, lambda r, c: ended.append((r, c)))
+    assert ended == [(1, 1), (0, -15)] and codes == [1, -15] and survivor.signals == ["TERM"]
+    done = [_Child(0, 1), _Child(0, 3)]
+    assert rank.wait_all(dict(enumerate(done)), lambda r, c: None) == [0, 0]
+    assert all(c.signals == [] for c in done)

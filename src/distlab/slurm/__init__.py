@@ -8,7 +8,8 @@
 * :func:`submit` writes a readable sbatch script into the private run folder, submits it, streams
   every rank's output live and returns a :class:`SlurmResult` (``join=False``: a :class:`SlurmJob`).
 * :func:`attach` finds a job again by id, from another kernel.
-* :func:`local_cluster` starts munged + slurmctld + slurmd in a private folder (root only).
+* :func:`local_cluster` starts munged + slurmctld + slurmd in a private folder (root only; its daemons listen
+  on 127.0.0.1, and its jobs run as its job user, never as root).
 """
 from .cluster import ExistingCluster, LocalCluster, local_cluster
 from .commands import JobState

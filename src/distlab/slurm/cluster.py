@@ -11,12 +11,24 @@ process when the kernel that started the cluster dies (``kill -9`` included).
 Why root: ``slurmd`` starts every job step as the job's user (setuid, setgroups), which only root
 may do, and Debian's Slurm expects to run its daemons as root (CI runs as root). As another user,
 use a real cluster's login node, or a container where you are root.
+
+Who runs the jobs: never root (``DisableRootJobs=YES``). Jobs run as the cluster's *job user*:
+``local_cluster(user=...)``, else the user who became root with ``sudo`` (``SUDO_USER``), else a
+dedicated unprivileged account, ``distlab-job`` (made with ``useradd --system`` if missing): a job is
+code a notebook chose to run, and as root any mistake in it, or anyone who reaches a port it opens,
+owns the machine. That user needs a few things of this cluster, in its *door*: a folder made in the
+system's temporary directory (``distlab-slurm-*``), owned by root and the job user's group, mode
+0710 (enter, not list), holding ``slurm.conf`` (0640), munged's socket, slurmd's spool and ``jobs/``
+(root's, 0711), where each job's run folder (the job user's, 0700) goes. Nobody outside that group
+can ask this munged for a credential, so no other user can talk to the daemons; everything else
+(key, state, logs) stays in the private folder.
 """
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -36,7 +48,6 @@ from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuratio
     install_hint,
     missing_programs,
     node_resources,
-    socket_folder,
 )
 
 START_TIMEOUT_S = 30.0
@@ -60,19 +71,46 @@ class Daemon:
             return False
 
 
+JOB_ACCOUNT = "distlab-job"
+
+
 @dataclass
 class LocalCluster:
-    """The running cluster: ``conf`` (its slurm.conf), ``folder``, ``partition``, ``env`` for Slurm commands."""
+    """The running cluster: ``conf`` (its slurm.conf), ``folder``, ``partition``, ``env`` for Slurm commands,
+    ``user`` (who its jobs run as) and ``door`` (the folder that user reaches: conf, munge socket, jobs)."""
 
     folder: Path
+    door: Path | None = None
+    user: str = JOB_ACCOUNT
     partition: str = PARTITION
     daemons: list[Daemon] = field(default_factory=list)
     watchdog: subprocess.Popen | None = None
     _old_conf: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def conf(self) -> Path:
-        return self.folder / "slurm.conf"
+        return (self.door or self.folder) / "slurm.conf"
+
+    @property
+    def jobs(self) -> Path:
+        """Where the run folders of this cluster's jobs go (root's, 0711; each run folder the job user's, 0700)."""
+        return self.door / "jobs"
+
+    @property
+    def as_job_user(self) -> dict:
+        """``subprocess`` arguments that run a command (``sbatch`` typed by hand) as the job user: root may
+        not submit to this cluster (``DisableRootJobs``)."""
+        pw = pwd.getpwnam(self.user)
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+    def workdir(self, prefix: str = "work-") -> Path:
+        """A fresh working folder that the job user owns (0700) and root may use: for scripts, data and
+        checkpoints that jobs read and write (``os.chdir`` to it from a notebook)."""
+        made = Path(tempfile.mkdtemp(prefix=prefix, dir=self.jobs))
+        pw = pwd.getpwnam(self.user)
+        os.chown(made, pw.pw_uid, pw.pw_gid)
+        return made
 
     @property
     def env(self) -> dict[str, str]:
@@ -112,6 +150,9 @@ class LocalCluster:
 class ExistingCluster:
     """A controller that already answered (a real cluster, or one another program runs): not ours to stop."""
 
+    as_job_user: dict = {}  # jobs run as whoever submits them
+    user = None
+
     def __init__(self, conf: str | None):
         self.conf, self.folder, self.daemons = conf, None, []
 
@@ -120,6 +161,10 @@ class ExistingCluster:
 
     def running(self) -> bool:
         return True
+
+    def workdir(self, prefix: str = "work-") -> Path:
+        """A fresh working folder of yours (a real cluster's jobs run as you)."""
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=Path.cwd()))
 
     def stop(self) -> None:
         """Nothing to stop: distlab did not start this cluster."""
@@ -141,9 +186,11 @@ def controller_answers(timeout: float = 10) -> bool:
     return done.returncode == 0 and "UP" in done.stdout
 
 
-def local_cluster(root: Path | None = None, use_existing: bool = True) -> LocalCluster | ExistingCluster:
+def local_cluster(root: Path | None = None, use_existing: bool = True,
+                  user: str | None = None) -> LocalCluster | ExistingCluster:
     """A Slurm cluster to submit to: the one that already answers (``use_existing``), this process's
-    running one-machine cluster, or a new one (SLURM_CONF then points at it).
+    running one-machine cluster, or a new one (SLURM_CONF then points at it) whose jobs run as ``user``
+    (default: ``SUDO_USER``, else the ``distlab-job`` account; never root: see the module docstring).
 
     Raises :class:`~distlab.slurm.errors.ClusterError` naming the packages to install, or why root
     is needed. A cluster started here stops on ``close()``, at exit, or by its watchdog when this
@@ -155,8 +202,10 @@ def local_cluster(root: Path | None = None, use_existing: bool = True) -> LocalC
     if use_existing and controller_answers():
         return ExistingCluster(os.environ.get("SLURM_CONF"))
     check_can_start()
+    name, create = choose_job_user(user, os.environ)
+    account = ensure_account(name, create)
     folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
-    cluster = LocalCluster(folder=folder, _old_conf=os.environ.get("SLURM_CONF"))
+    cluster = LocalCluster(folder=folder, user=account.pw_name, _old_conf=os.environ.get("SLURM_CONF"))
     try:
         _start(cluster)
     except BaseException:
@@ -166,6 +215,42 @@ def local_cluster(root: Path | None = None, use_existing: bool = True) -> LocalC
     atexit.register(cluster.stop)
     _CURRENT = cluster
     return cluster
+
+
+def choose_job_user(requested: str | None, environ) -> tuple[str, bool]:
+    """(the job user's name, whether distlab may create that account). Pure.
+
+    ``requested`` first; else whoever became root with sudo (``SUDO_USER``: the person at the
+    keyboard); else :data:`JOB_ACCOUNT`, an account that exists only to run this cluster's jobs (a
+    container or CI where everybody is root: nobody to run them as, and root is refused)."""
+    if requested is not None:
+        if requested in ("root", "0"):
+            raise ClusterError("its jobs would run as root", "Name an unprivileged user: local_cluster(user=...).")
+        return requested, False
+    sudo = environ.get("SUDO_USER")
+    if sudo and sudo != "root":
+        return sudo, False
+    return JOB_ACCOUNT, True
+
+
+def ensure_account(name: str, create: bool) -> pwd.struct_passwd:
+    """The account ``name``; :data:`JOB_ACCOUNT` is made if missing (a system account: no home, no
+    login shell, its own group). Refuses an account with uid 0."""
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        if not create:
+            raise ClusterError(f"its job user {name!r} does not exist", "Create it, or pass another user=.") from None
+        made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                               "/usr/sbin/nologin", name], capture_output=True, text=True)
+        try:
+            account = pwd.getpwnam(name)
+        except KeyError:
+            raise ClusterError(f"could not create its job user {name!r}: {made.stderr.strip()}",
+                               "Create an unprivileged account and pass it as user=.") from None
+    if account.pw_uid == 0:
+        raise ClusterError(f"its job user {name!r} has uid 0", "Name an unprivileged user: local_cluster(user=...).")
+    return account
 
 
 def check_can_start() -> None:
@@ -180,33 +265,101 @@ def check_can_start() -> None:
 
 def _start(cluster: LocalCluster) -> None:
     folder = cluster.folder
-    for sub in ("run", "spool", "state", "log", "munge"):
+    for sub in ("run", "state", "log", "munge"):
         os.mkdir(folder / sub, PRIVATE_DIR)
-    # The socket's folder stays 0700: nobody else can ask this munged for a credential, so nobody else can
-    # talk to this cluster's daemons (munged warns that others cannot reach it; --force: that is the point).
-    sock = socket_folder(folder) / "munge.sock"
-    cpus, memory = node_resources()
-    import pwd
-
-    user = pwd.getpwuid(os.geteuid()).pw_name
-    write_private(cluster.conf, config_text(folder, socket.gethostname().split(".")[0], free_port(), free_port(),
-                                            user, cpus, memory, sock))
+    cluster.door = make_door(folder, pwd.getpwnam(cluster.user))
+    sock = cluster.door / "munge.sock"
+    cluster.ports = {"ctld": free_port(), "slurmd": free_port()}
+    _write_conf(cluster, sock)
     _run(["mungekey", "--create", "--keyfile", str(folder / "munge" / "munge.key")], folder)
+    # --force: munged would refuse a socket folder others may enter; only the job user's group can.
     cluster.daemons.append(_daemon(cluster, "munged", [
         "munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={folder}/munge/munge.key",
         f"--log-file={folder}/log/munged.log", f"--pid-file={folder}/run/munged.pid",
         f"--seed-file={folder}/munge/seed"]))
     _wait(lambda: sock.exists(), "munged did not create its socket", folder / "log" / "munged.stdout")
-    cluster.daemons.append(_daemon(cluster, "slurmctld", ["slurmctld", "-D", "-i"]))
-    _wait(lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer",
-          folder / "log" / "slurmctld.log")
-    cluster.daemons.append(_daemon(cluster, "slurmd", ["slurmd", "-D"]))
-    _wait(lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"), "slurmd's node did not become idle",
-          folder / "log" / "slurmd.log")
+    _start_on_a_free_port(cluster, sock, "slurmctld", ["slurmctld", "-D", "-i"], "ctld",
+                          lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer")
+    _start_on_a_free_port(cluster, sock, "slurmd", ["slurmd", "-D"], "slurmd",
+                          lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"),
+                          "slurmd's node did not become idle")
     with open_private(folder / "log" / "watchdog.log", "ab") as log:
-        cluster.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "distlab.slurm.watchdog", str(os.getpid()), repr(_own_start_time()), str(folder)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        cluster.watchdog = subprocess.Popen(watchdog_argv(os.getpid(), _own_start_time(), folder),
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+DOOR_RECORD = "door"  # in the private folder: where the door is (removed with the cluster)
+
+
+def make_door(folder: Path, account: pwd.struct_passwd) -> Path:
+    """The folder the job user reaches (see the module docstring): root:<its group> 0710 in the system's
+    temporary directory (short: munged's socket path must fit 107 bytes), with ``spool/`` and ``jobs/``
+    (root's, 0711: the job user enters its own folders there but cannot rename or plant entries)."""
+    door = Path(tempfile.mkdtemp(prefix="distlab-slurm-", dir=system_tmp()))
+    write_private(folder / DOOR_RECORD, str(door))
+    os.chown(door, 0, account.pw_gid)
+    os.chmod(door, 0o710)
+    os.mkdir(door / "spool", 0o711)  # slurmd keeps each job's batch script in a folder of the job's user here
+    os.chmod(door / "spool", 0o711)
+    os.mkdir(door / "jobs", 0o711)  # root's: the job user enters its own folders here, but renames nothing
+    os.chmod(door / "jobs", 0o711)
+    return door
+
+
+def system_tmp() -> str:
+    """A temporary directory every user can enter (``tempfile``'s may be a private folder of this process)."""
+    for candidate in (os.environ.get("TMPDIR"), "/tmp", "/var/tmp", tempfile.gettempdir()):
+        if candidate and os.path.isdir(candidate) and os.stat(candidate).st_mode & 0o001:
+            return candidate
+    raise ClusterError("no temporary directory that other users can enter", "Make /tmp world-enterable (1777).")
+
+
+PORT_TRIES = 4
+
+
+def _write_conf(cluster: LocalCluster, sock: Path) -> None:
+    """The slurm.conf in the door: 0640, root and the job user's group (its srun reads it)."""
+    cpus, memory = node_resources()
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    write_private(cluster.conf, config_text(cluster.folder, socket.gethostname().split(".")[0],
+                                            cluster.ports["ctld"], cluster.ports["slurmd"], user, cpus, memory, sock,
+                                            spool=cluster.door / "spool"))
+    os.chown(cluster.conf, 0, os.stat(cluster.door).st_gid)
+    os.chmod(cluster.conf, 0o640)
+
+
+def _start_on_a_free_port(cluster: LocalCluster, sock: Path, name: str, argv: list[str], port: str, ready,
+                          problem: str) -> None:
+    """Start daemon ``name`` and wait until ``ready()``. A port is picked free, then handed to the daemon:
+    another process (another user's) may bind it in between. A daemon that then dies for want of its
+    port is started again on a new port (the slurm.conf rewritten; slurmctld re-reads it)."""
+    log = cluster.folder / "log" / f"{name}.log"
+    for _ in range(PORT_TRIES):
+        d = _daemon(cluster, name, argv)
+        cluster.daemons.append(d)
+        if _wait(ready, problem, log, alive=d.alive):
+            return
+        cluster.daemons.remove(d)
+        _save(cluster.folder, cluster.daemons)
+        if not lost_its_port(_tail(log) + _tail(cluster.folder / "log" / f"{name}.stdout")):
+            break
+        cluster.ports[port] = free_port()
+        _write_conf(cluster, sock)
+        if name != "slurmctld":
+            _ok(["scontrol", "reconfigure"], cluster.env, b"")
+    raise ClusterError(f"{problem}: it exited", "Its log ends:\n" + "\n".join(_tail(log)))
+
+
+def lost_its_port(lines: list[str]) -> bool:
+    """A daemon's last log lines say that it could not bind its port (another process holds it)."""
+    return any("Address already in use" in line or "Unable to bind listen port" in line for line in lines)
+
+
+def watchdog_argv(pid: int, started: float, folder: Path) -> list[str]:
+    """The watchdog's command line. ``-P``: the current folder (the notebook's, anyone's) is not put first
+    on ``sys.path``, so a ``psutil.py`` or ``distlab/`` planted there is never imported by this process,
+    which runs as root on the local cluster."""
+    return [sys.executable, "-P", "-m", "distlab.slurm.watchdog", str(pid), repr(started), str(folder)]
 
 
 def _own_start_time() -> float:
@@ -244,13 +397,20 @@ def _ok(argv: list[str], env: dict, needle: bytes) -> bool:
     return done.returncode == 0 and needle in done.stdout
 
 
-def _wait(ready, problem: str, log: Path) -> None:
+def _wait(ready, problem: str, log: Path, alive=None) -> bool:
+    """Wait until ``ready()`` (True); False as soon as ``alive()`` says the daemon is gone."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while not ready():
+        if alive is not None and not alive():
+            return False
         if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace").splitlines()[-8:] if log.exists() else []
-            raise ClusterError(f"{problem} within {START_TIMEOUT_S:.0f} s", "Its log ends:\n" + "\n".join(tail))
+            raise ClusterError(f"{problem} within {START_TIMEOUT_S:.0f} s", "Its log ends:\n" + "\n".join(_tail(log)))
         time.sleep(0.05)
+    return True
+
+
+def _tail(log: Path, n: int = 8) -> list[str]:
+    return log.read_text(errors="replace").splitlines()[-n:] if log.exists() else []
 
 
 def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
@@ -262,7 +422,9 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
     if not path.exists():
         return
     daemons = [Daemon(**d) for d in json.loads(path.read_text())]
-    env = {**os.environ, "SLURM_CONF": str(Path(folder) / "slurm.conf")}
+    record = Path(folder) / DOOR_RECORD
+    conf = Path(record.read_text()) / "slurm.conf" if record.exists() else Path(folder) / "slurm.conf"
+    env = {**os.environ, "SLURM_CONF": str(conf)}
     if any(d.name == "slurmctld" and d.alive() for d in daemons):
         _cancel_all(env, grace_s)
     for d in reversed(daemons):
@@ -278,11 +440,11 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
     if any(d.alive() for d in daemons):
         _save(Path(folder), [d for d in daemons if d.alive()])  # kept, with its logs, for a second try
         return
-    elsewhere = Path(folder) / "munge-socket-folder"
-    if elsewhere.exists():
-        made = Path(elsewhere.read_text())
-        if made.name.startswith("distlab-munge-"):
-            shutil.rmtree(made, ignore_errors=True)
+    record = Path(folder) / DOOR_RECORD
+    if record.exists():
+        door = Path(record.read_text())
+        if door.name.startswith("distlab-slurm-") and os.stat(door).st_uid == 0:
+            shutil.rmtree(door, ignore_errors=True)  # the jobs' run folders go with it
     shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
 
 

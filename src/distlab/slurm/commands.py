@@ -57,11 +57,12 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return dict(re.findall(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)", text))
 
 
-def run(argv: list[str], timeout: float = 30, check: bool = True, umask: int = -1) -> subprocess.CompletedProcess:
+def run(argv: list[str], timeout: float = 30, check: bool = True, umask: int = -1,
+        **kwargs) -> subprocess.CompletedProcess:
     """Run a Slurm command; a missing command is a :class:`SlurmNotFoundError` naming it."""
     if shutil.which(argv[0]) is None:
         raise SlurmNotFoundError(NOT_FOUND.format(what=f"the Slurm command {argv[0]!r}", hint=NO_SLURM_HINT))
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=umask)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=umask, **kwargs)
     if check and done.returncode:
         raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
     return done
@@ -80,9 +81,12 @@ def partitions() -> list[str]:
     return sorted(set(run(["sinfo", "-h", "-o", "%R"]).stdout.split()))
 
 
-def sbatch(script) -> int:
-    """Submit; returns the job id. Run with umask 077: Slurm gives the job the submitter's umask."""
-    done = run(["sbatch", "--parsable", str(script)], check=False, umask=0o077)
+def sbatch(script, user=None, env=None) -> int:
+    """Submit; returns the job id. Run with umask 077: Slurm gives the job the submitter's umask.
+    ``user``: an account (``pwd`` entry) to submit as, with ``env`` as the job's environment."""
+    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [],
+                                       "env": env, "cwd": os.path.dirname(script)}
+    done = run(["sbatch", "--parsable", str(script)], check=False, umask=0o077, **as_user)
     if done.returncode:
         raise SubmitError(SBATCH_FAILED.format(code=done.returncode, stderr=done.stderr.strip(), script=script))
     return int(done.stdout.strip().split(";")[0])

@@ -143,7 +143,9 @@ class SlurmJob:
     def result(self, last: JobState | None = None) -> SlurmResult:
         last = commands.controller_view(self.id) or last or self.state
         base = results.collect(self.folder, Path(self.meta["target"]), self.world_size,
-                               time.time() - self.meta["submitted"], returns=self.meta["returns"])
+                               time.time() - self.meta["submitted"], returns=False)
+        if self.meta["returns"]:
+            base.returns = read_returns(self.folder, self.world_size, self.meta.get("uid", os.geteuid()))
         return SlurmResult(**base.__dict__, job_id=self.id, state=last.state, exit_code=last.exit_code,
                            exit_codes=self.exit_codes(), attempts=max(len(self.folder.attempts()), 1),
                            sbatch_script=self.sbatch_script, history=list(self.history))
@@ -208,6 +210,25 @@ class SlurmJob:
         raise SlurmTimeoutError(self.id, timeout, stacks, self.run_dir, result=self.result())
 
 
+def read_returns(folder: RunFolder, world_size: int, uid: int) -> dict:
+    """Each rank's return value, unpickled only from a folder and files that still belong to the job's
+    user alone (the job user's on distlab's local cluster, else yours)."""
+    import torch
+
+    from .jobuser import check_job_file, check_job_folder
+
+    check_job_folder(folder.path, uid)
+    out = {}
+    for rank in range(world_size):
+        path = folder.returned(rank)
+        if path.exists():
+            check_job_file(path, uid)
+            out[rank] = torch.load(path, map_location="cpu", weights_only=False)
+        else:
+            out[rank] = None
+    return out
+
+
 def _nonempty(path: Path) -> bool:
     return path.exists() and path.stat().st_size > 0
 
@@ -251,18 +272,24 @@ def save_meta(folder: RunFolder, meta: dict) -> None:
 def attach(job_id: int, root: Path | None = None) -> SlurmJob:
     """The :class:`SlurmJob` for ``job_id`` submitted earlier (from any kernel) by you, through distlab.
 
-    Looks for the run folder holding it in your private runs root; with several (two clusters
+    Looks for the run folder holding it in your private runs root, and in the records of distlab's
+    local cluster (its jobs' run folders belong to the job user); with several (two clusters
     numbered jobs alike), the newest submitted under the current SLURM_CONF wins.
     """
     root = private_root(root)
+    from .jobuser import check_job_folder, records
+    from .submit import current_cluster
+
+    local = current_cluster()
     found = []
-    for path in root.glob(f"*/{META}"):
+    for path in [*root.glob(f"*/{META}"), *(records(local.folder) if local is not None else ())]:
         meta = json.loads(path.read_text())
         if meta.get("job_id") == int(job_id):
-            found.append((meta.get("slurm_conf") == os.environ.get("SLURM_CONF"), meta["submitted"], path, meta))
+            run_dir = Path(meta.get("run_dir") or path.parent)
+            found.append((meta.get("slurm_conf") == os.environ.get("SLURM_CONF"), meta["submitted"], run_dir, meta))
     if not found:
         raise SlurmNotFoundError(NOT_OURS.format(job_id=job_id, root=root))
-    *_, path, meta = max(found, key=lambda f: (f[0], f[1]))
-    RunFolder(path.parent).check()
-    return SlurmJob(int(job_id), path.parent, meta)
+    *_, run_dir, meta = max(found, key=lambda f: (f[0], f[1]))
+    check_job_folder(run_dir, meta.get("uid", os.geteuid()))
+    return SlurmJob(int(job_id), run_dir, meta)
 

@@ -1,21 +1,22 @@
 """The one-machine cluster's configuration, worked out before anything starts (pure, but for
-:func:`node_resources` and :func:`socket_folder`, which look at this machine and make one folder).
+:func:`node_resources`, which looks at this machine).
 
 What the ``slurm.conf`` tunes for a small cluster, against Slurm's defaults: the scheduler runs every
 second (``sched_interval=1,bf_interval=1``; defaults 60 s and 30 s), ``KillWait=5`` (30 s), and
 ``cred_expire=2`` (120 s), which is also how long a requeued job must wait before it may start again.
 Process tracking is ``proctrack/linuxproc`` and there is no task plugin: no cgroups needed, so it runs
 in a container.
+
+Every daemon listens on 127.0.0.1 only: the controller's address is given as ``SlurmctldHost=host(127.0.0.1)``,
+the node's as ``NodeAddr=127.0.0.1``, and ``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`` make slurmctld, slurmd
+and srun bind those addresses instead of every interface. Nobody off this machine can reach them.
 """
 from __future__ import annotations
 
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
-
-from ..runfolder import PRIVATE_DIR, write_private
 
 #: program -> the Debian package that has it
 PROGRAMS = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
@@ -25,10 +26,14 @@ PARTITION = "debug"
 
 CONF = """# slurm.conf written by distlab.slurm.local_cluster(): one node, this host.
 ClusterName=distlab
-SlurmctldHost={host}
+SlurmctldHost={host}(127.0.0.1)
+# every daemon binds 127.0.0.1, not every interface
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser={user}
+# jobs never run as root: the cluster's job user runs them
+DisableRootJobs=YES
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: a requeued job waits this long (default 120 s) before it may start again
@@ -49,7 +54,8 @@ KillWait=5
 MinJobAge=600
 SlurmctldPidFile={folder}/run/slurmctld.pid
 SlurmdPidFile={folder}/run/slurmd.pid
-SlurmdSpoolDir={folder}/spool
+# the job's batch script is kept here and run as the job user: in the door (see cluster.py)
+SlurmdSpoolDir={spool}
 StateSaveLocation={folder}/state
 SlurmctldLogFile={folder}/log/slurmctld.log
 SlurmdLogFile={folder}/log/slurmd.log
@@ -85,22 +91,9 @@ def node_resources() -> tuple[int, int]:
 
 
 def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user: str,
-                cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION) -> str:
+                cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION,
+                spool: Path | None = None) -> str:
     """The cluster's slurm.conf (pure: tests read it)."""
-    return CONF.format(folder=folder, host=host, ctld_port=ctld_port, slurmd_port=slurmd_port, user=user,
+    return CONF.format(folder=folder, spool=spool or folder / "spool", host=host, ctld_port=ctld_port,
+                       slurmd_port=slurmd_port, user=user,
                        socket=socket_path, cpus=cpus, memory_mb=memory_mb, partition=partition)
-
-
-SOCKET_MAX = 100  # a Unix socket's path has at most 107 bytes
-
-
-def socket_folder(folder: Path) -> Path:
-    """Where munged's socket goes: inside the cluster's folder, or, when that path would be too long
-    for a Unix socket, a fresh ``distlab-munge-*`` folder in the temporary directory (removed on stop)."""
-    inside = folder / "munge-socket"
-    if len(str(inside / "munge.sock")) <= SOCKET_MAX:
-        os.mkdir(inside, PRIVATE_DIR)
-        return inside
-    made = Path(tempfile.mkdtemp(prefix="distlab-munge-"))
-    write_private(folder / "munge-socket-folder", str(made))
-    return made

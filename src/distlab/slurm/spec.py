@@ -12,6 +12,20 @@ Two ways to start the ranks inside the allocation:
 
 Either way every rank runs as ``python -m distlab.slurm.rank TARGET ARGS``, which writes the rank's
 output to the run folder (where the notebook reads it live) and runs TARGET as ``__main__``.
+
+**One node: no rendezvous port.** torchrun's c10d store listens on every interface with no
+authentication, and torch's agent unpickles the rendezvous state it reads from it on every
+keep-alive: whoever can reach the port runs code as the job's user. A rank of ``mode="tasks"``
+hosting ``init_process_group``'s TCPStore on ``*:port`` is the same kind of opening. So a job on
+one node never hosts a TCP store: its ranks meet the way :func:`distlab.spawn`'s do, in a
+``FileStore`` inside the (private) run folder (``single_node`` in ``run.json``; ``MASTER_PORT`` is
+a placeholder nothing listens on). In ``mode="torchrun"`` the per-node agent is then distlab's own
+(``python -m distlab.slurm.rank --nproc-per-node N``: it starts the node's ranks, stops the others
+when one fails, passes signals on) instead of torchrun, whose every rendezvous backend hosts a TCP
+store. Jobs on several nodes must meet over the network, so they trust it (as torchrun and
+``run_script(nnodes>1)`` do): use them among machines and a network you trust. Their store then
+listens only on the first node's address as the nodes resolve it (:mod:`distlab.slurm.bound`), not
+on the node's other interfaces.
 """
 from __future__ import annotations
 
@@ -36,6 +50,7 @@ class JobSpec:
     run_dir: Path
     python: Path
     import_path: Path  # the folder distlab is imported from, for PYTHONPATH on the nodes
+    site_paths: tuple[str, ...] = ()  # the notebook's site-packages, when the job runs another Python of its version
     target_args: tuple[str, ...] = ()
     name: str = "distlab"
     nodes: int = 1
@@ -53,6 +68,11 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def single_node(self) -> bool:
+        """One node: the ranks meet in a FileStore in the run folder, no port (see the module docstring)."""
+        return self.nodes == 1
 
 
 def positive(name: str, value, minimum: int = 1) -> int:
@@ -119,7 +139,9 @@ def check_partition(value, known: list[str]) -> str | None:
 def _directives(spec: JobSpec, log: Path) -> list[tuple[str, str]]:
     """(option, comment) pairs, in the order the script shows them."""
     torchrun = spec.mode == "torchrun"
-    per_node = (1, "one torchrun agent per node; it starts the ranks") if torchrun else \
+    agent = "one agent per node (distlab's); it starts the ranks" if spec.single_node \
+        else "one torchrun agent per node; it starts the ranks"
+    per_node = (1, agent) if torchrun else \
         (spec.ranks_per_node, "one task per rank: srun starts the ranks itself")
     rows = [(f"--job-name={spec.name}", ""), (f"--nodes={spec.nodes}", ""),
             (f"--ntasks-per-node={per_node[0]}", per_node[1])]
@@ -148,21 +170,39 @@ def _environment(spec: JobSpec) -> list[str]:
     return [
         "",
         "umask 077                                 # every file the job writes: readable by you only",
-        "# the notebook's python and torchrun, and the distlab it imports",
+        "# the notebook's python and torchrun, and the distlab it imports" if not spec.site_paths else
+        "# a Python the job's user may run (the notebook's lives where it cannot), the notebook's packages",
         f"export PATH={q(str(spec.python.parent))}:\"$PATH\"",
-        f"export PYTHONPATH={q(str(spec.import_path))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        f"export PYTHONPATH={':'.join(q(str(p)) for p in (spec.import_path, *spec.site_paths))}"
+        "${PYTHONPATH:+:$PYTHONPATH}",
         "# the run folder: each rank's log, report() rows and return value; torchrun's error files in tmp/",
         f"export DISTLAB_RUN_DIR={q(str(spec.run_dir))}",
         f"export TMPDIR={q(str(spec.run_dir / 'tmp'))}",
         "export PYTHONUNBUFFERED=1",
         "",
-        "# The first node of the allocation hosts the rendezvous, on a port that is free there",
-        "# (this script runs on that node).",
-        "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
-        "port=$(python -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')",
+        *_rendezvous_lines(spec),
         "echo \"distlab: job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST\"",
         "",
     ]
+
+
+def _rendezvous_lines(spec: JobSpec) -> list[str]:
+    """Where the ranks meet: a file in the run folder on one node; the first node's port on several."""
+    if spec.single_node:
+        return ["# One node: the ranks meet in a FileStore in the run folder, as distlab.spawn's do; no rank",
+                "# and no agent listens on a port (torchrun's c10d store would, on every interface)."]
+    return ["# The first node of the allocation hosts the rendezvous, on a port that is free there",
+            "# (this script runs on that node), bound to its address only. Several nodes: the cluster's",
+            "# network must be trusted (torch's stores have no authentication).",
+            "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
+            f"port=$({_python(spec)} -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
+            "print(s.getsockname()[1])' \"$head_node\")"]
+
+
+def _python(spec: JobSpec) -> str:
+    """``python`` (found on the PATH the script sets), or the interpreter's full path when its name differs
+    (the system's ``python3.11`` the job user runs)."""
+    return "python" if spec.python.name == "python" else shlex.quote(str(spec.python))
 
 
 def render(spec: JobSpec, script_path: Path, log: Path) -> str:
@@ -181,9 +221,17 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
             lines.append(f"{text.ljust(width)}# {comment}" if comment else text)
     lines += _environment(spec)
     command = " ".join(q(str(a)) for a in (spec.target, *spec.target_args))
-    if spec.mode == "torchrun":
+    if spec.single_node and spec.mode == "torchrun":
         lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
-                  "srun torchrun \\",
+                  "# one agent on the node, as torchrun would be, starting the ranks (distlab's: no TCP store)",
+                  f"srun {_python(spec)} -m distlab.slurm.rank --nproc-per-node {spec.ranks_per_node} {command}"]
+    elif spec.single_node:
+        lines += ["# distlab.slurm.rank sets RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
+                  f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.rank {command}"]
+    elif spec.mode == "torchrun":
+        lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
+                  "# torchrun, its c10d store bound to the first node's address only (not every interface)",
+                  f"srun {_python(spec)} -m distlab.slurm.bound torchrun \\",
                   "    --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "
                   f"--nproc-per-node {spec.ranks_per_node} \\",
                   "    --rdzv-backend c10d --rdzv-endpoint \"$head_node:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",

@@ -5,20 +5,26 @@ with :func:`distlab.api.write_script`); a file is run as it is. Either way the r
 ``job.sbatch`` (the script ``sbatch`` receives), ``run.json`` (what each rank's runtime needs),
 ``slurm-job.json`` (for :func:`~distlab.slurm.job.attach`) and, while the job runs, every rank's log.
 All of them are 0600 in a 0700 folder; the job itself runs with umask 077.
+
+On distlab's one-machine cluster, run as root, the job runs as the cluster's job user (never root):
+the run folder is made in the cluster's ``jobs/`` folder, handed over to that user, and ``sbatch``
+runs as that user (see :mod:`distlab.slurm.jobuser`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import distlab
 
 from .. import capture, config, origins
-from ..runfolder import PRIVATE_DIR, RunFolder, write_private
-from . import commands, spec
+from ..runfolder import PRIVATE_DIR, SUBFOLDERS, RunFolder, write_private
+from . import commands, jobuser, spec
 from .errors import NOT_FOUND, SlurmArgumentError, SlurmNotFoundError
 from .job import SlurmJob, save_meta
 from .layout import SBATCH, batch_log
@@ -41,12 +47,54 @@ def submit(target, args=(), *, nodes: int = 1, ranks_per_node: int = 1, mode: st
     job_spec, prepare = check_job(target, args, nodes, ranks_per_node, mode, gpus_per_node, cpus_per_task,
                                time_limit, partition, requeue, signal, extra, name, style, backend, workdir)
     timeout = config.check_timeout(timeout)
-    folder = RunFolder.create(f"slurm-{job_spec.name}", root)
+    folder, account = prepare_folder(job_spec, prepare, root, is_file=not callable(target))
+    job = _sbatch(folder, job_spec, returns=callable(target), account=account)
+    return job.join(timeout=timeout, view=view) if join else job
+
+
+def prepare_folder(job_spec: spec.JobSpec, prepare, root=None, is_file: bool = False):
+    """The job's run folder with its target written, and the account the job runs as (None: whoever
+    submits). For distlab's local cluster run by root: the job user's Python, checks that the job user
+    reaches the working folder, the script and distlab, and a folder in the cluster's ``jobs/``."""
+    account = job_account()
+    if account is not None:
+        job_spec.python, job_spec.site_paths = jobuser.job_python(account)
+        jobuser.check_reachable(account, job_spec.workdir, prepare(None) if is_file else Path("/"),
+                                [job_spec.import_path])
+        folder = _job_folder(f"slurm-{job_spec.name}", current_cluster().jobs)
+    else:
+        folder = RunFolder.create(f"slurm-{job_spec.name}", root)
     os.mkdir(folder.path / "tmp", PRIVATE_DIR)
     job_spec.run_dir = folder.path
     job_spec.target = prepare(folder)
-    job = _sbatch(folder, job_spec, returns=callable(target))
-    return job.join(timeout=timeout, view=view) if join else job
+    return folder, account
+
+
+def current_cluster():
+    """distlab's one-machine cluster, when it is the one SLURM_CONF points at (else None)."""
+    from . import cluster
+
+    running = cluster._CURRENT
+    if running is not None and os.environ.get("SLURM_CONF") == str(running.conf) and running.door is not None:
+        return running
+    return None
+
+
+def job_account():
+    """The account the job runs as, when distlab's local cluster runs it for root; None: as whoever submits."""
+    import pwd
+
+    running = current_cluster()
+    return pwd.getpwnam(running.user) if running is not None and os.geteuid() == 0 else None
+
+
+def _job_folder(name: str, jobs: Path) -> RunFolder:
+    """A run folder in the cluster's ``jobs/`` folder (the job user's; handed over once written)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40] or "run"
+    path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-", dir=jobs))
+    for sub in SUBFOLDERS:
+        os.mkdir(path / sub, PRIVATE_DIR)
+    return RunFolder(path)
 
 
 def check_job(target, args, nodes, ranks_per_node, mode, gpus, cpus, time_limit, partition, requeue, signal,
@@ -106,22 +154,30 @@ def _file(path, args):
 def write_files(folder: RunFolder, job: spec.JobSpec) -> Path:
     """Write run.json (what each rank's runtime reads) and job.sbatch; returns the sbatch script's path."""
     write_private(folder.run_json, json.dumps({
-        "run_dir": str(folder.path), "parent_pid": 0, "single_node": False,
+        "run_dir": str(folder.path), "parent_pid": 0, "single_node": job.single_node,
         "sys_path": [p for p in sys.path if p], "plain_python": False}))
     script = folder.path / SBATCH
     write_private(script, spec.render(job, script, batch_log(folder.path, "%j")))
     return script
 
 
-def _sbatch(folder: RunFolder, job: spec.JobSpec, returns: bool) -> SlurmJob:
-    """Write the files, submit, remember the job id."""
+def _sbatch(folder: RunFolder, job: spec.JobSpec, returns: bool, account=None) -> SlurmJob:
+    """Write the files, submit (as the job user, when there is one), remember the job id."""
     script = write_files(folder, job)
     submitted = time.time()
-    job_id = commands.sbatch(script)
-    meta = {"job_id": job_id, "world_size": job.world_size, "target": str(job.target), "sbatch": str(script),
+    meta = {"world_size": job.world_size, "target": str(job.target), "sbatch": str(script),
             "returns": returns, "submitted": submitted, "slurm_conf": os.environ.get("SLURM_CONF"),
-            "mode": job.mode}
-    save_meta(folder, meta)
+            "mode": job.mode, "uid": os.geteuid() if account is None else account.pw_uid}
+    if account is None:
+        job_id = commands.sbatch(script)
+        meta["job_id"] = job_id
+        save_meta(folder, meta)
+    else:  # root writes nothing into the folder once the job user has it: the record goes to the cluster's folder
+        jobuser.hand_over(folder.path, account)
+        job_id = commands.sbatch(script, user=account, env=jobuser.job_environment(os.environ, account, folder.path))
+        meta["job_id"] = job_id
+        meta["run_dir"] = str(folder.path)
+        jobuser.record(current_cluster().folder, meta)
     print(f"[slurm] submitted job {job_id}: {job.nodes} node(s) x {job.ranks_per_node} rank(s), "
           f"sbatch script {script}", flush=True)
     return SlurmJob(job_id, folder.path, meta)
