@@ -164,15 +164,19 @@ def _cuda_built() -> bool:
 
 def _check_listener_is_ours(port: int, rank: int) -> None:
     """Refuse to join a store on 127.0.0.1:``port`` that another user's process listens on: it
-    would see (and could forge) this run's rendezvous. Checked before connecting."""
+    would see (and could forge) this run's rendezvous. Checked twice: the table of listeners
+    before connecting (a squatter is never even connected to), then the process that accepted a
+    connection of ours (a listener that came after the look, or one the table did not show)."""
     from .errors import PORT_SQUATTED, RendezvousError
-    from .rendezvous import listener_uid
+    from .rendezvous import connected_uid, listener_uid
 
     for _ in range(600):  # rank 0 may not listen yet: wait for a listener (at most ~60 s)
         uid = listener_uid(port)
         if uid is not None:
             break
         time.sleep(0.1)
+    if uid is None or uid == os.geteuid():
+        uid = connected_uid(port)
     if uid is not None and uid != os.geteuid():
         raise RendezvousError(PORT_SQUATTED.format(rank=rank, port=port, uid=uid))
 
