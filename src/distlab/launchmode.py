@@ -71,6 +71,30 @@ def rank_environment(kernel_env: dict, current: dict) -> dict:
 
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux says it (``/proc/self/status``):
+    ``os.umask`` can only read it by setting it, and another thread creating a file in between
+    would get the wrong mode. A forked rank inherits the *server's* umask (the kernel's when the
+    server started), so the launch carries the kernel's current one to every rank."""
+    try:
+        with open("/proc/self/status") as f:
+            found = umask_from_status(f.read())
+    except OSError:
+        found = None
+    if found is None:
+        found = os.umask(0o077)
+        os.umask(found)
+    return found
+
+
+def umask_from_status(text: str) -> int | None:
+    """Pure half of :func:`current_umask`: the ``Umask:`` line of ``/proc/<pid>/status`` (Linux >= 4.7)."""
+    for line in text.splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    return None
+
+
 def forked_ranks(run_id: str) -> dict:
     """rank -> psutil.Process of the live ranks of ``run_id`` forked from distlab's forkserver.
 

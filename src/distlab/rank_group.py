@@ -19,7 +19,7 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from . import privtmp
+from . import launchmode, privtmp
 from . import rank_errors as err
 from . import rank_proto as proto
 from .rank_status import NO_STATUS
@@ -124,7 +124,8 @@ def start_group(nprocs: int, backend: str, start: str = "spawn") -> RankGroup:
         for rank in range(nprocs):
             ours, theirs = Pipe(duplex=True)
             cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store), "folder": str(folder),
-                   "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p]}
+                   "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p],
+                   "umask": launchmode.current_umask()}
             group.add(start_rank_process(cfg, theirs, group.log_path(rank), start), ours)
             theirs.close()  # only the rank holds its end: its death reads as end-of-file here
         group.wait_ready(START_TIMEOUT_S)
