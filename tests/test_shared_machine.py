@@ -127,5 +127,5 @@ def test_another_user_can_neither_read_nor_plant_anything_in_a_run(other_user, s
     assert torch.equal(res.returns[0], torch.full((3,), 2.0))
     assert "secret output" in (run / "logs/attempt0/rank0.out").read_text()
     others = [p for p in root.iterdir() if p.name != run.name]  # at most this process's private temp folder
-    assert all(p.name.startswith(f"{privtmp.PREFIX}{os.getpid()}-") and stat.S_IMODE(p.stat().st_mode) == 0o700
+    assert all(p.name.startswith(privtmp.folder_prefix(os.getpid())) and stat.S_IMODE(p.stat().st_mode) == 0o700
                for p in others), others

@@ -63,14 +63,18 @@ PRIVATE_DIR = 0o700
 def default_root() -> Path:
     """Where runs go unless told: ``$DISTLAB_RUNS``; else ``$XDG_RUNTIME_DIR/distlab-runs`` when
     that folder of yours exists (a per-user folder nobody else can create anything in); else
-    ``<tmp>/distlab-<uid>``."""
+    ``<tmp>/distlab-<uid>``. While ``tempfile`` points at a private temporary folder (a launch in
+    progress, :mod:`distlab.privtmp`), ``<tmp>`` is not that folder: the root is the one it lives in."""
     chosen = os.environ.get(ENV)
     if chosen:
         return Path(chosen).expanduser()
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and _is_private_dir(Path(runtime)):
         return Path(runtime) / "distlab-runs"
-    return Path(tempfile.gettempdir()) / f"distlab-{os.getuid()}"
+    temp = tempfile.gettempdir()
+    from .privtmp import root_of
+
+    return root_of(temp) or Path(temp) / f"distlab-{os.getuid()}"
 
 
 def fallback_root() -> Path:
