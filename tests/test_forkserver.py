@@ -398,3 +398,43 @@ def test_forked_ranks_create_files_with_the_kernels_umask_at_launch(tmp_path):
     assert res.returns == {0: "0o600", 1: "0o600"}
     assert warm == {0: "0o600"}
     assert looser.returns == {0: "0o664"}  # each launch: the umask of that moment
+
+
+PLANTED = "open({mark!r}, 'a').write(__name__ + '\\n')\nraise ImportError('planted in the working directory')\n"
+SAFE_PATH_KERNEL = f"""
+import os, sys
+sys.path.insert(0, {str(TESTS)!r})
+import torch
+import distlab
+from fake_kernel import run_cells
+os.chdir(sys.argv[1])  # a folder with a planted torch.py and multiprocessing.py (a shared project folder)
+ns = run_cells("def one(rank):\\n    return rank + 1\\n")
+print("LAUNCH", distlab.spawn(ns["one"], nprocs=2, view=None, start="forkserver").returns, flush=True)
+with distlab.Ranks(1, start="spawn") as ranks:
+    print("WARM", ranks.exec("rank + 1"), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_distlabs_own_interpreters_never_import_from_the_working_directory(tmp_path):
+    """Before: the forkserver, multiprocessing's resource tracker and a warm rank (``python -c``)
+    had the kernel's working directory first on ``sys.path`` and imported a planted module."""
+    trap, mark = tmp_path / "trap", tmp_path / "planted-code-ran"
+    trap.mkdir()
+    for name in ("torch", "multiprocessing"):
+        (trap / f"{name}.py").write_text(PLANTED.format(mark=str(mark)))
+    env = {k: v for k, v in os.environ.items() if k not in ("DISTLAB_START", "PYTHONSAFEPATH")}
+    env["DISTLAB_RUNS"] = str(tmp_path / "runs")
+    done = subprocess.run([sys.executable, "-c", SAFE_PATH_KERNEL, str(trap)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert not mark.exists(), f"a planted module ran: {mark.read_text()}\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "LAUNCH {0: 1, 1: 2}" in done.stdout and "WARM [rank0] 1" in done.stdout
+    assert "not using a forkserver" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
+def test_internal_interpreters_leave_the_working_directory_off_sys_path():
+    assert launchmode.safe_path_flags((3, 11)) == ["-P"] and launchmode.safe_path_flags((3, 10, 9)) == []
+    out = subprocess.run([sys.executable, "-c", launchmode.SAFE_PATH_CODE + "print(sys.path)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "''" not in out

@@ -71,6 +71,19 @@ def rank_environment(kernel_env: dict, current: dict) -> dict:
 
 
 
+SAFE_PATH_CODE = "import sys; sys.path[:] = [p for p in sys.path if p]; "  # Python 3.10 has no -P
+
+
+def safe_path_flags(version=None) -> list[str]:
+    """Flags for an interpreter distlab starts with ``python -c``: never the current folder first on
+    ``sys.path``. With ``-c``, Python puts the working directory (``""``) before the standard
+    library, so a ``torch.py`` or ``multiprocessing/`` in the folder a notebook runs in (a shared
+    project folder, ``/tmp``) would be imported by distlab's own processes. ``-P`` (Python 3.11+)
+    leaves it out; older Pythons run :data:`SAFE_PATH_CODE` first, before any import."""
+    version = sys.version_info if version is None else version
+    return ["-P"] if tuple(version) >= (3, 11) else []
+
+
 def current_umask() -> int:
     """This process's umask, read without changing it where Linux says it (``/proc/self/status``):
     ``os.umask`` can only read it by setting it, and another thread creating a file in between

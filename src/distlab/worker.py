@@ -57,10 +57,18 @@ def _install(run: dict) -> None:
 
     retired_groups.install()  # a destroyed gloo group closes with the rank: 20 ms less per run
     if run["single_node"]:  # keep gloo's and NCCL's own sockets on loopback too
-        loopback = _loopback_interface()
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+        os.environ.update(loopback_socket_vars(os.environ, _loopback_interface()))
         _private_rendezvous(_folder(), int(os.environ["MASTER_PORT"]))
+
+
+SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def loopback_socket_vars(env, loopback: str) -> dict[str, str]:
+    """gloo's and NCCL's interface variables for a single-node rank: the loopback interface,
+    unless ``env`` chose one. Every kind of rank (launched, warm, a hand-run script's) uses this
+    one rule, so none of them opens its collective sockets on another interface."""
+    return {name: env.get(name, loopback) for name in SOCKET_VARS}
 
 
 @functools.lru_cache(maxsize=1)
@@ -225,6 +233,14 @@ def _write_error(exc: BaseException, text: str) -> None:
     write_private(Path(path), json.dumps(data))
 
 
+def script_with_origins(target: str, run_dir: str) -> str | None:
+    """The script whose tracebacks may name notebook cells: the run's own generated script, inside
+    its private run folder. A file ``run_script`` runs from elsewhere gets None: an
+    ``.origins.json`` beside it may have been written by anyone who can write that folder."""
+    real, folder = os.path.realpath(target), os.path.realpath(run_dir)
+    return target if os.path.commonpath([real, folder]) == folder else None
+
+
 def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
     """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``).
 
@@ -240,7 +256,7 @@ def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
         _forget_torchrun_environment()
     global _SCRIPT
     target = argv[1]
-    _SCRIPT = target
+    _SCRIPT = script_with_origins(target, run["run_dir"])
     sys.argv = [target, *argv[2:]]
     sys.path.insert(0, str(Path(target).resolve().parent))
     sys.path.extend(p for p in run.get("sys_path", []) if p not in sys.path)  # modules the kernel could import
@@ -355,7 +371,7 @@ def _spawn_locally(fn, args, nprocs, style, backend):
 
 def _spawned_rank(rank, fn, args, style, backend, stores: str):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    os.environ.update(loopback_socket_vars(os.environ, _loopback_interface()))
     from .rendezvous import PLACEHOLDER_PORT
 
     _private_rendezvous(_StoreFolder(stores), PLACEHOLDER_PORT)
