@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distlab.rendezvous import accepting_uid, listening_uid, parse_endpoint
+from distlab.rendezvous import accepting_uid, listeners, listening_uid, parse_endpoint
 
 
 def v4(address: str, port: int) -> str:
@@ -65,3 +65,9 @@ def test_the_accepting_end_of_our_connection_names_its_owner():
     closing = [row(v4("127.0.0.1", 4000), v4("127.0.0.1", 51000), "04", 1007)]  # accepted, then closed at once
     assert accepting_uid(closing, server, client) == 1007
     assert accepting_uid([row(v4("127.0.0.1", 4000), v4("127.0.0.1", 51000), "06", 0)], server, client) is None
+
+
+def test_the_sockets_a_bind_to_127_0_0_1_collides_with_come_with_their_inode():
+    rows = [row(v4("127.0.0.2", 4000), v4("0.0.0.0", 0), "0A", 1001),
+            row(v6("::", 4000), v6("::", 0), "0A", 1002).replace(" 1 1 0", " 777 1 0")]
+    assert listeners(rows, 4000) == [(1002, 777)]

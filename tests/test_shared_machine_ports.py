@@ -9,7 +9,7 @@ import time
 
 import pytest
 from fake_kernel import run_cells
-from second_user import other_python, start_as_other, stop_other, write_readable
+from second_user import OTHER, other_python, start_as_other, stop_other, write_readable
 
 import distlab
 from distlab import rendezvous, worker
@@ -30,6 +30,14 @@ CELLS = run_cells(
         dist.barrier()
         dist.destroy_process_group()
         return rank
+    """,
+    """
+    def hosts(rank, port):
+        import os
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", str(port)
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        dist.destroy_process_group()
+        return "hosted"
     """,
 )
 
@@ -102,3 +110,31 @@ def test_your_own_listener_passes_both_checks():
         start = time.monotonic()
         worker._check_listener_is_ours(port, 1)
         assert time.monotonic() - start < 5
+
+
+@pytest.mark.slow
+def test_a_fixed_port_another_user_holds_is_named_with_its_holder_and_what_to_do(other_user, shared_tmp, listener):
+    """Before: rank 0 failed with a bare ``OSError: [Errno 98] Address already in use`` from distlab's
+    own ``bind_loopback``: no port, no holder, no way out."""
+    from distlab.errors import PORT_IN_USE
+
+    port = free_port()
+    listener("0.0.0.0", port)  # every interface: a bind to 127.0.0.1 collides
+    with pytest.raises(distlab.WorkerFailedError) as failed:
+        distlab.spawn(CELLS["hosts"], args=(port,), nprocs=1, view=None, timeout=60)
+    said = failed.value.remote_traceback.strip().splitlines()[-1]
+    assert said == "distlab.errors.PortInUseError: " + PORT_IN_USE.format(
+        rank=0, port=port, holder=f"held by another user, {OTHER} (uid {other_user.pw_uid})")
+
+
+@pytest.mark.slow
+def test_a_fixed_port_a_process_of_yours_holds_names_that_process():
+    with socket.socket(socket.AF_INET6) as held:  # `::`, as torch's own TCPStore listens
+        held.bind(("::", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(distlab.WorkerFailedError) as failed:
+            distlab.spawn(CELLS["hosts"], args=(port,), nprocs=1, view=None, timeout=60)
+    said = failed.value.remote_traceback.strip().splitlines()[-1]
+    assert f"127.0.0.1:{port}, the MASTER_PORT your code set: the port is already in use (EADDRINUSE), held by a " \
+           f"process of yours: pid {os.getpid()} (" in said, said

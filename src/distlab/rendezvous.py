@@ -16,6 +16,7 @@ on that port is yours (:func:`listener_uid`, then :func:`connected_uid`). See th
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import sys
 from datetime import timedelta
@@ -173,13 +174,21 @@ def listening_uid(rows: list[str], port: int) -> int | None:
     Listeners on 127.0.0.1, 0.0.0.0, ``::`` and ``::ffff:127.0.0.1`` answer such a connection;
     one on 127.0.0.2 (or any other address) does not, and must not make a run refuse.
     """
+    found = listeners(rows, port)
+    return found[0][0] if found else None
+
+
+def listeners(rows: list[str], port: int) -> list[tuple[int, int]]:
+    """(uid, socket inode) of every listener on ``port`` that a connection to 127.0.0.1 reaches:
+    the same sockets make a bind to 127.0.0.1:``port`` fail. The inode is column 10."""
+    found = []
     for row in rows:
         fields = row.split()
-        if len(fields) > 7 and fields[3] == LISTEN:
+        if len(fields) > 9 and fields[3] == LISTEN:
             address, local_port = parse_endpoint(fields[1])
             if local_port == port and address in ANSWERS_LOOPBACK:
-                return int(fields[7])
-    return None
+                found.append((int(fields[7]), int(fields[9])))
+    return found
 
 
 def same_endpoint(a: tuple, b: tuple) -> bool:
@@ -223,3 +232,68 @@ def connected_uid(port: int, timeout: float = 5.0, tables=TABLES) -> int | None:
             if uid is not None:
                 return uid
     return None
+
+
+def describe_holder(uid: int | None, pid: int | None, command: str | None, me: int, user: str) -> str:
+    """Pure: who holds a port, in the words of :data:`~distlab.errors.PORT_IN_USE` (``user`` names
+    ``uid`` for a stranger)."""
+    from .errors import HOLDER_OTHER, HOLDER_UNKNOWN, HOLDER_YOURS, HOLDER_YOURS_UNNAMED
+
+    if uid is None:
+        return HOLDER_UNKNOWN
+    if uid != me:
+        return HOLDER_OTHER.format(user=user)
+    if pid is None:
+        return HOLDER_YOURS_UNNAMED
+    return HOLDER_YOURS.format(pid=pid, command=command or "?")
+
+
+def port_holder(port: int, tables=TABLES) -> str:
+    """Who listens on ``port`` where a bind to 127.0.0.1 collides, for an error message: the uid
+    from ``/proc/net/tcp``, and, when the socket is yours, the process that has it open (found by
+    its inode among your processes' open files)."""
+    found = [hit for table in tables for hit in listeners(_table_rows(table), port)]
+    if not found:
+        return describe_holder(None, None, None, os.geteuid(), "")
+    uid, inode = found[0]
+    pid = socket_pid(inode) if uid == os.geteuid() else None
+    return describe_holder(uid, pid, command_of(pid) if pid else None, os.geteuid(), user_name(uid))
+
+
+def socket_pid(inode: int, proc: str = "/proc") -> int | None:
+    """The process (of yours: only those ``/proc/<pid>/fd`` lets you read) that has socket ``inode`` open."""
+    target = f"socket:[{inode}]"
+    me = os.geteuid()
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        folder = os.path.join(proc, name, "fd")
+        try:
+            if os.stat(os.path.join(proc, name)).st_uid != me:
+                continue
+            for fd in os.listdir(folder):
+                if os.readlink(os.path.join(folder, fd)) == target:
+                    return int(name)
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
+
+
+def command_of(pid: int, limit: int = 80) -> str:
+    """A process's command line, shortened: ``python -m ipykernel_launcher -f ...``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(" ".join(w.decode(errors="replace") for w in words if w).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"

@@ -199,9 +199,15 @@ def _user_port_store(port: int, world_size, timeout, use_libuv: bool = True, *ar
     try:
         return loopback_store(port, world_size, timeout, multi_tenant=True, use_libuv=use_libuv)
     except OSError as e:
-        if e.errno == errno.EADDRINUSE and _serving(port):
+        if e.errno != errno.EADDRINUSE:
+            raise
+        if _serving(port):
             return None
-        raise
+        from .errors import PORT_IN_USE, PortInUseError
+        from .rendezvous import port_holder
+
+        raise PortInUseError(PORT_IN_USE.format(rank=0, port=port, holder=port_holder(port))) \
+            from None  # the bare OSError named neither the port nor who holds it
 
 
 def _serving(port: int) -> bool:
