@@ -52,3 +52,31 @@ def test_every_error_is_a_distlab_error(error):
     import distlab
 
     assert isinstance(error, distlab.DistlabError)
+
+
+def test_a_fixed_port_in_use_names_the_port_who_holds_it_and_what_to_do():
+    from distlab.errors import PORT_IN_USE, PortInUseError
+    from distlab.rendezvous import describe_holder
+
+    holders = [describe_holder(1000, 4242, "python -m ipykernel_launcher -f k.json", 1000, "me (uid 1000)"),
+               describe_holder(1000, None, None, 1000, "me (uid 1000)"),
+               describe_holder(1001, None, None, 1000, "bob (uid 1001)"),
+               describe_holder(None, None, None, 1000, "")]
+    assert holders == [
+        "held by a process of yours: pid 4242 (python -m ipykernel_launcher -f k.json); if it is an earlier run "
+        "that is over, stop it",
+        "held by a process of yours that distlab could not find",
+        "held by another user, bob (uid 1001)",
+        "held by a program distlab cannot name",
+    ]
+    e = PortInUseError(PORT_IN_USE.format(rank=0, port=12355, holder=holders[2]))
+    assert str(e) == (
+        "distlab: rank 0 cannot host the store on 127.0.0.1:12355, the MASTER_PORT your code set: the port is "
+        "already in use (EADDRINUSE), held by another user, bob (uid 1001). Any program on this machine may have "
+        "chosen the same fixed port (12355 is also the official tutorials' port). Leave MASTER_PORT to the launcher "
+        "(distlab and torchrun set it for every rank; delete the line that sets it), or give every rank a port "
+        "nobody holds."
+    )
+    import errno
+
+    assert isinstance(e, OSError) and e.errno == errno.EADDRINUSE  # code that caught the bind's OSError still does

@@ -193,6 +193,7 @@ def test_a_port_another_user_listens_on_is_refused_before_joining(monkeypatch):
                                               rf"\(uid {os.geteuid() + 1}\) listens on that port"):
         worker._check_listener_is_ours(4000, 1)
     monkeypatch.setattr(rendezvous, "listener_uid", lambda port: os.geteuid())
+    monkeypatch.setattr(rendezvous, "connected_uid", lambda port: os.geteuid())
     worker._check_listener_is_ours(4000, 1)  # yours: fine
 
 

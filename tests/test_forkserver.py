@@ -64,6 +64,16 @@ def _failure_file(folder: Path, rank: int, when: float, message: str) -> str:
     return str(path)
 
 
+def test_the_umask_is_read_from_proc_status_without_changing_it():
+    assert launchmode.umask_from_status("Name:\tpython\nUmask:\t0077\nState:\tR (running)\n") == 0o077
+    assert launchmode.umask_from_status("Name:\tpython\n") is None  # Linux < 4.7, or not Linux
+    old = os.umask(0o027)
+    try:
+        assert launchmode.current_umask() == 0o027 and launchmode.current_umask() == 0o027
+    finally:
+        os.umask(old)
+
+
 def test_failures_torchelastic_did_not_report_are_added(tmp_path):
     """torchelastic names one failed rank of a function entrypoint; the root cause may be another."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -357,3 +367,74 @@ def test_a_torn_error_file_is_reported_by_the_exit_code(tmp_path):
     forklaunch.add_unreported_failures(exc, [SimpleNamespace(exitcode=0, pid=1, _args=(None, 0)), proc],
                                        {1: str(torn)})
     assert list(exc.failures) == [1] and exc.failures[1].exitcode == -6 and exc.failures[1].error_file == "<N/A>"
+
+
+@pytest.mark.slow
+def test_forked_ranks_create_files_with_the_kernels_umask_at_launch(tmp_path):
+    """Before: a forked rank kept the umask the server started with (a file 0644 after the kernel
+    set 077). Ranks of a launch and warm ranks get the kernel's umask at launch."""
+    from distlab import forkserver
+
+    ns = run_cells("""
+    import os
+    def make(rank, folder):
+        path = os.path.join(folder, f"launched{rank}")
+        open(path, "w").close()
+        return oct(os.stat(path).st_mode & 0o777)
+    """)
+    old = os.umask(0o022)
+    try:
+        forkserver.ensure_server()  # running with 022 (or whatever it started with): not what ranks get
+        os.umask(0o077)
+        res = distlab.spawn(ns["make"], args=(str(tmp_path),), nprocs=2, view=None, start="forkserver")
+        with distlab.Ranks(1, start="forkserver") as ranks:
+            warm = ranks.exec(f"import os; p = {str(tmp_path / 'warm')!r}; open(p, 'w').close(); "
+                              "oct(os.stat(p).st_mode & 0o777)")
+        os.umask(0o002)
+        looser = distlab.spawn(ns["make"], args=(str(tmp_path / "sub"),), nprocs=1, view=None, start="forkserver") \
+            if (tmp_path / "sub").mkdir() is None else None
+    finally:
+        os.umask(old)
+    assert res.returns == {0: "0o600", 1: "0o600"}
+    assert warm == {0: "0o600"}
+    assert looser.returns == {0: "0o664"}  # each launch: the umask of that moment
+
+
+PLANTED = "open({mark!r}, 'a').write(__name__ + '\\n')\nraise ImportError('planted in the working directory')\n"
+SAFE_PATH_KERNEL = f"""
+import os, sys
+sys.path.insert(0, {str(TESTS)!r})
+import torch
+import distlab
+from fake_kernel import run_cells
+os.chdir(sys.argv[1])  # a folder with a planted torch.py and multiprocessing.py (a shared project folder)
+ns = run_cells("def one(rank):\\n    return rank + 1\\n")
+print("LAUNCH", distlab.spawn(ns["one"], nprocs=2, view=None, start="forkserver").returns, flush=True)
+with distlab.Ranks(1, start="spawn") as ranks:
+    print("WARM", ranks.exec("rank + 1"), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_distlabs_own_interpreters_never_import_from_the_working_directory(tmp_path):
+    """Before: the forkserver, multiprocessing's resource tracker and a warm rank (``python -c``)
+    had the kernel's working directory first on ``sys.path`` and imported a planted module."""
+    trap, mark = tmp_path / "trap", tmp_path / "planted-code-ran"
+    trap.mkdir()
+    for name in ("torch", "multiprocessing"):
+        (trap / f"{name}.py").write_text(PLANTED.format(mark=str(mark)))
+    env = {k: v for k, v in os.environ.items() if k not in ("DISTLAB_START", "PYTHONSAFEPATH")}
+    env["DISTLAB_RUNS"] = str(tmp_path / "runs")
+    done = subprocess.run([sys.executable, "-c", SAFE_PATH_KERNEL, str(trap)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert not mark.exists(), f"a planted module ran: {mark.read_text()}\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "LAUNCH {0: 1, 1: 2}" in done.stdout and "WARM [rank0] 1" in done.stdout
+    assert "not using a forkserver" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
+def test_internal_interpreters_leave_the_working_directory_off_sys_path():
+    assert launchmode.safe_path_flags((3, 11)) == ["-P"] and launchmode.safe_path_flags((3, 10, 9)) == []
+    out = subprocess.run([sys.executable, "-c", launchmode.SAFE_PATH_CODE + "print(sys.path)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "''" not in out

@@ -132,3 +132,28 @@ def test_the_origins_file_is_private(tmp_path):
     ns, label = notebook()
     path = write_script(tmp_path, ns, label)
     assert stat.S_IMODE(origins.origins_path(path).stat().st_mode) == 0o600
+
+
+def test_only_a_script_inside_the_run_folder_may_name_notebook_cells(tmp_path):
+    run = tmp_path / "runs" / "20260101-000000-x-abc"
+    run.mkdir(parents=True)
+    assert worker.script_with_origins(str(run / "x.py"), str(run)) == str(run / "x.py")
+    assert worker.script_with_origins(str(tmp_path / "x.py"), str(run)) is None
+    assert worker.script_with_origins(str(run) + "-other/x.py", str(run)) is None
+
+
+@pytest.mark.slow
+def test_run_script_of_a_file_outside_the_run_folder_ignores_an_origins_file_beside_it(tmp_path):
+    """Before: the worker read ``train.origins.json`` beside the learner's own ``train.py`` (a folder
+    others may write, such as a shared project folder) and printed its text in the traceback."""
+    import json
+
+    import distlab
+
+    path = tmp_path / "train.py"
+    path.write_text("def boom():\n    return 1 / 0\n\nboom()\n")
+    origins.origins_path(path).write_text(json.dumps(
+        [{"qualname": "boom", "first": 1, "last": 2, "where": "PLANTED BY SOMEONE", "line": 1}]))
+    with pytest.raises(distlab.WorkerFailedError) as failed:
+        distlab.run_script(path, 1, view=None, timeout=60)
+    assert "ZeroDivisionError" in str(failed.value) and "PLANTED" not in str(failed.value)

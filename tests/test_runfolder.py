@@ -273,3 +273,45 @@ def test_a_temp_root_someone_else_created_first_falls_back_to_the_cache_folder(t
         run = engine.new_run_dir("demo")
     assert run.parent == tmp_path / "cache" / "distlab-runs" and mode(run.parent) == 0o700
     assert list(theirs.iterdir()) == []
+
+
+def test_the_walk_to_the_root_names_every_link_and_its_owner():
+    """``follow_links`` on a made-up file system: absolute and relative links, ``..`` after a link,
+    parts that do not exist yet."""
+    from distlab.runfolder import follow_links
+
+    links = {"/a/l1": ("/b/c", 1001), "/b/c/l2": ("../d", 0)}
+
+    def lstat(path):
+        if path in links:
+            return os.stat_result((stat.S_IFLNK | 0o777, 0, 0, 1, links[path][1], 0, 0, 0, 0, 0))
+        if path in ("/a", "/b", "/b/c", "/b/d", "/b/d/e"):
+            return os.stat_result((stat.S_IFDIR | 0o755, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+        raise FileNotFoundError(path)
+
+    def readlink(path):
+        return links[path][0]
+
+    assert follow_links("/a/l1/l2/e", lstat, readlink) == ("/b/d/e", [("/a/l1", 1001), ("/b/c/l2", 0)])
+    assert follow_links("/a/l1/new/deeper", lstat, readlink) == ("/b/c/new/deeper", [("/a/l1", 1001)])
+    assert follow_links("/b/./c/../d", lstat, readlink) == ("/b/d", [])
+
+
+def test_a_link_of_another_uid_on_the_way_to_distlab_runs_is_refused_and_yours_is_resolved(tmp_path, monkeypatch):
+    """Before: DISTLAB_RUNS through another user's link was accepted, and kept as written (they
+    could re-point the link after the check)."""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    theirs = tmp_path / "their-link"
+    theirs.symlink_to(mine)
+    os.lchown(theirs, os.geteuid() + 12345, -1)
+    monkeypatch.setenv("DISTLAB_RUNS", str(theirs / "runs"))
+    with pytest.raises(RunFolderError, match=rf"cannot use {theirs} for run folders: it is a symbolic link that "
+                                             rf"belongs to uid {os.geteuid() + 12345}, who could point it elsewhere"):
+        private_root()
+    assert not (mine / "runs").exists()
+    own = tmp_path / "my-link"
+    own.symlink_to(mine)
+    monkeypatch.setenv("DISTLAB_RUNS", str(own / "runs"))
+    assert private_root() == mine / "runs"  # the checked path, with no link left to re-point
+    assert RunFolder.create("demo", prune_old=False).path.parent == mine / "runs"

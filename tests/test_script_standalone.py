@@ -81,3 +81,20 @@ def test_a_script_run_by_hand_keeps_its_rendezvous_and_temp_files_private(tmp_pa
     for rank in (0, 1):
         assert f"rank {rank}: mine ['127.0.0.1'] parent []" in done.stdout, done.stdout
     assert sorted(p.name for p in shared.iterdir()) == [f"distlab-{os.getuid()}"]  # no pickle, no pymp-*
+
+
+def test_a_hand_run_scripts_ranks_keep_gloo_and_nccl_on_loopback(tmp_path):
+    """Before: ``python script.py`` set GLOO_SOCKET_IFNAME in its ranks, not NCCL_SOCKET_IFNAME."""
+    fn = run_cells("import os\n", "def ifnames(rank):\n"
+                   "    return os.environ.get('GLOO_SOCKET_IFNAME'), os.environ.get('NCCL_SOCKET_IFNAME')\n")["ifnames"]
+    path = write_script(tmp_path, capture(fn, ()), (), 2, "spawn", "gloo")
+    env_names = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    saved = {n: os.environ.pop(n) for n in env_names if n in os.environ}
+    try:
+        out = _run([sys.executable, path.name], tmp_path)
+    finally:
+        os.environ.update(saved)
+    from distlab.worker import _loopback_interface
+
+    lo = _loopback_interface()
+    assert f"[rank0] returned ({lo!r}, {lo!r})" in out and f"[rank1] returned ({lo!r}, {lo!r})" in out

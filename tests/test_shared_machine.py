@@ -84,6 +84,20 @@ def test_a_root_owned_by_someone_else_is_a_clear_error_not_a_permission_error(ot
     assert os.stat(own.parent).st_uid == other_user.pw_uid and stat.S_IMODE(os.stat(own.parent).st_mode) == 0o700
 
 
+def test_distlab_runs_through_another_users_link_is_refused(other_user, shared_tmp, monkeypatch):
+    """Before: accepted (the link led to a folder of yours), and the path kept as written: the other
+    user could re-point the link at a folder of theirs between runs, or between the check and use."""
+    mine = shared_tmp / "mine"
+    mine.mkdir(mode=0o700)
+    link = shared_tmp / "link"
+    assert as_other(f"ln -s {mine} {link}").returncode == 0
+    monkeypatch.setenv("DISTLAB_RUNS", str(link / "runs"))
+    with pytest.raises(RunFolderError, match=rf"cannot use {link} for run folders: it is a symbolic link that "
+                                             rf"belongs to user {OTHER} \(uid {other_user.pw_uid}\)"):
+        engine.new_run_dir("demo")
+    assert list(mine.iterdir()) == []
+
+
 ATTACKS = {
     "list the root": "ls {root}",
     "read the script": "cat {run}/scaled.py",
@@ -113,5 +127,5 @@ def test_another_user_can_neither_read_nor_plant_anything_in_a_run(other_user, s
     assert torch.equal(res.returns[0], torch.full((3,), 2.0))
     assert "secret output" in (run / "logs/attempt0/rank0.out").read_text()
     others = [p for p in root.iterdir() if p.name != run.name]  # at most this process's private temp folder
-    assert all(p.name.startswith(f"{privtmp.PREFIX}{os.getpid()}-") and stat.S_IMODE(p.stat().st_mode) == 0o700
+    assert all(p.name.startswith(privtmp.folder_prefix(os.getpid())) and stat.S_IMODE(p.stat().st_mode) == 0o700
                for p in others), others

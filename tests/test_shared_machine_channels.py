@@ -347,7 +347,7 @@ def test_a_killed_kernel_leaves_nothing_in_the_shared_temp_dir(shared_tmp):
     root = shared_tmp / f"distlab-{os.getuid()}"
     assert sorted(p.name for p in shared_tmp.iterdir() if p.name != "root-cache") == [root.name]
     stale = [p for p in root.iterdir() if p.name.startswith(privtmp.PREFIX)]
-    assert stale and all(p.name.startswith(f"{privtmp.PREFIX}{kernel.pid}-") for p in stale)  # the dead kernel's
+    assert stale and all(p.name.startswith(privtmp.folder_prefix(kernel.pid)) for p in stale)  # the dead kernel's
     runfolder._LAST_PRUNE.clear()
     runfolder.RunFolder.create("next")  # the next run's pruning removes the dead kernel's folder
     assert not any(p.exists() for p in stale)

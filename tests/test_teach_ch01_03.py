@@ -1,5 +1,6 @@
 """Teaching helpers of chapters 1-3 (DP vs DDP, process-group setup, ToyModel): no processes launched,
 except the process pool of the GIL experiment."""
+import os
 import socket
 import subprocess
 import sys
@@ -167,6 +168,20 @@ def test_free_port_is_free_and_a_listening_port_is_not():
         with pytest.raises(TimeoutError, match=str(s.getsockname()[1])):
             ch2.wait_for_free_port(s.getsockname()[1], timeout=0.2, poll=0.05)
     assert ch2.wait_for_free_port(port, timeout=1) < 1
+
+
+def test_the_articles_port_is_used_when_free_and_replaced_with_a_word_when_held(capsys):
+    port = ch2.free_port()
+    assert ch2.port_for_article(port, wait_s=0.5) == port and capsys.readouterr().out == ""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        held = s.getsockname()[1]
+        other = ch2.port_for_article(held, wait_s=0.3)
+        assert other != held and ch2.port_is_free(other)
+    said = capsys.readouterr().out
+    assert said.startswith(f"Port {held} is in use on this machine right now (held by a process of yours: pid "
+                           f"{os.getpid()} (") and f"runs on port {other} instead" in said
 
 
 @pytest.mark.parametrize("addresses, expected", [

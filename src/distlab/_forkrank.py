@@ -21,7 +21,7 @@ from .launchmode import LOG_VARS, rank_environment
 
 
 def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> None:
-    """Run one rank. ``kernel``: the launching kernel's environment and the server's pid.
+    """Run one rank. ``kernel``: the launching kernel's environment, umask and the server's pid.
 
     The kernel's working directory and ``sys.path`` at launch were applied before this call
     (``distlab.forkserver.preparation_data``).
@@ -31,6 +31,7 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     stdout, stderr = (os.environ.get(name, "") for name in LOG_VARS)
     env = rank_environment(kernel["env"], dict(os.environ))
     replace_environment(env)
+    os.umask(kernel["umask"])  # the kernel's at launch, not the server's at its start
     _write_output_to(stdout, stderr)
     _set_thread_count(env)
     if _RESEEDED_IN != os.getpid():  # a spare rank reseeded while it waited (distlab._spare_rank)

@@ -23,6 +23,7 @@ def run_warm_rank(cfg: dict, conn, log: str, env: dict) -> None:
     _forkrank._close_alive_pipe()
     os.setsid()
     _forkrank.replace_environment(env)
+    os.umask(cfg["umask"])  # the kernel's when the group started, not the server's at its start
     _forkrank._write_both_to(log)
     _forkrank._set_thread_count(env)
     importlib.invalidate_caches()

@@ -5,6 +5,8 @@ and so every message says *what* failed, *where* (which rank) and *what to do ne
 """
 from __future__ import annotations
 
+import errno
+
 ARGUMENT = "distlab: invalid argument {name}={value!r}: {problem}. {hint}"
 CAPTURE = (
     "distlab: cannot ship {what} to the worker processes: {problem}. {hint}"
@@ -120,6 +122,16 @@ PORT_SQUATTED = (
     "port, and would see (and could forge) this run's rendezvous. Choose another MASTER_PORT, or leave "
     "MASTER_PORT to distlab (its ranks meet in a private file, not on a port)."
 )
+PORT_IN_USE = (
+    "distlab: rank {rank} cannot host the store on 127.0.0.1:{port}, the MASTER_PORT your code set: the port is "
+    "already in use (EADDRINUSE), {holder}. Any program on this machine may have chosen the same fixed port (12355 "
+    "is also the official tutorials' port). Leave MASTER_PORT to the launcher (distlab and torchrun set it for "
+    "every rank; delete the line that sets it), or give every rank a port nobody holds."
+)
+HOLDER_YOURS = "held by a process of yours: pid {pid} ({command}); if it is an earlier run that is over, stop it"
+HOLDER_YOURS_UNNAMED = "held by a process of yours that distlab could not find"
+HOLDER_OTHER = "held by another user, {user}"
+HOLDER_UNKNOWN = "held by a program distlab cannot name"
 FORKSERVER_REFUSED = (
     "distlab: not using a forkserver ({why}); starting fresh interpreters instead (slower). {hint}"
 )
@@ -127,3 +139,12 @@ FORKSERVER_REFUSED = (
 
 class RendezvousError(DistlabError, RuntimeError):
     """The ranks cannot meet safely (another user holds the port)."""
+
+
+class PortInUseError(RendezvousError, OSError):
+    """A fixed ``MASTER_PORT`` that another program already holds (an ``OSError`` with errno
+    ``EADDRINUSE``, as the bind's was: code that caught that still catches this)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.errno = errno.EADDRINUSE

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from .errors import FORKSERVER_REFUSED
-from .launchmode import AGENT_VARS, LOG_VARS
+from .launchmode import AGENT_VARS, LOG_VARS, current_umask
 
 MONITOR_S = 1e-4  # torchelastic's sleep between looks (must be > 0): the agent waits for its ranks in agent_wait
 REFUSAL_HINT = 'A Python >= 3.11.1 (or >= 3.10.9) fixes it; pass start="spawn" to silence this.'
@@ -58,7 +58,7 @@ def run(config, plan, run_json: Path) -> bool:
 
     logs = rank_logs(config.logs_specs)
     config.logs_specs, config.start_method, config.monitor_interval = logs, forkserver.START_METHOD, MONITOR_S
-    kernel = {"env": dict(os.environ), "server_pid": server_pid}
+    kernel = {"env": dict(os.environ), "server_pid": server_pid, "umask": current_umask()}
     with forkserver.launching(plan.elastic_run_id) as started, agent_wait.prompt():
         try:
             elastic_launch(config, run_rank)(str(run_json), str(plan.target), list(plan.target_args), kernel)

@@ -64,10 +64,11 @@ class _ForkServer(mp_forkserver.ForkServer):
             listener.listen()
             alive_r, alive_w = os.pipe()
             try:
-                command = (f"from distlab._forkserver_main import main; main({listener.fileno()}, {alive_r}, "
-                           f"{self._preload_modules!r}, {spare_count()})")
+                command = (f"{launchmode.SAFE_PATH_CODE}from distlab._forkserver_main import main; "
+                           f"main({listener.fileno()}, {alive_r}, {self._preload_modules!r}, {spare_count()})")
                 exe = spawn.get_executable()
-                args = [exe, *util._args_from_interpreter_flags(), "-c", command]
+                flags = util._args_from_interpreter_flags()
+                args = [exe, *flags, *[f for f in launchmode.safe_path_flags() if f not in flags], "-c", command]
                 pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
             except BaseException:
                 os.close(alive_w)
@@ -280,8 +281,8 @@ def _start_server() -> None:
             with contextlib.suppress(OSError):
                 _SERVER._stop()
             _SERVER._forkserver_address = None
-        with _pythonpath_first(distlab_root()):
-            _SERVER.ensure_running()
+        with _pythonpath_first(distlab_root()), _safe_path():
+            _SERVER.ensure_running()  # also multiprocessing's resource tracker (its own `python -c`)
     if unset:
         default._actual_context = None
 
@@ -305,6 +306,22 @@ def distlab_root() -> str | None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sites = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
     return None if root in sites else root
+
+
+@contextlib.contextmanager
+def _safe_path():
+    """``PYTHONSAFEPATH=1`` while the server and ``multiprocessing``'s resource tracker start (both
+    ``python -c``, in the kernel's working directory): neither imports a module from that folder.
+    Ranks get the kernel's own environment back (``distlab._forkrank``)."""
+    old = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = old
 
 
 @contextlib.contextmanager

@@ -71,6 +71,43 @@ def rank_environment(kernel_env: dict, current: dict) -> dict:
 
 
 
+SAFE_PATH_CODE = "import sys; sys.path[:] = [p for p in sys.path if p]; "  # Python 3.10 has no -P
+
+
+def safe_path_flags(version=None) -> list[str]:
+    """Flags for an interpreter distlab starts with ``python -c``: never the current folder first on
+    ``sys.path``. With ``-c``, Python puts the working directory (``""``) before the standard
+    library, so a ``torch.py`` or ``multiprocessing/`` in the folder a notebook runs in (a shared
+    project folder, ``/tmp``) would be imported by distlab's own processes. ``-P`` (Python 3.11+)
+    leaves it out; older Pythons run :data:`SAFE_PATH_CODE` first, before any import."""
+    version = sys.version_info if version is None else version
+    return ["-P"] if tuple(version) >= (3, 11) else []
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux says it (``/proc/self/status``):
+    ``os.umask`` can only read it by setting it, and another thread creating a file in between
+    would get the wrong mode. A forked rank inherits the *server's* umask (the kernel's when the
+    server started), so the launch carries the kernel's current one to every rank."""
+    try:
+        with open("/proc/self/status") as f:
+            found = umask_from_status(f.read())
+    except OSError:
+        found = None
+    if found is None:
+        found = os.umask(0o077)
+        os.umask(found)
+    return found
+
+
+def umask_from_status(text: str) -> int | None:
+    """Pure half of :func:`current_umask`: the ``Umask:`` line of ``/proc/<pid>/status`` (Linux >= 4.7)."""
+    for line in text.splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    return None
+
+
 def forked_ranks(run_id: str) -> dict:
     """rank -> psutil.Process of the live ranks of ``run_id`` forked from distlab's forkserver.
 

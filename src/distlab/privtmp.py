@@ -9,9 +9,12 @@ folder there too (the forkserver's socket), and warm ranks kept their folder the
 behind after a SIGKILL where pruning never looked.
 
 So every place distlab starts processes does it inside :func:`private_tempfiles`, which points
-``tempfile`` at ``<runs root>/proc-<pid>-<random>``: made 0700 by ``mkdtemp`` inside the checked
-private root, removed when the process exits, and pruned with the root's old runs once its
-process is gone (after a SIGKILL). Standard library only, like :mod:`distlab.runfolder`.
+``tempfile`` at ``<runs root>/proc-<host>-<pid>-<random>``: made 0700 by ``mkdtemp`` inside the
+checked private root, removed when the process exits, and pruned with the root's old runs once
+its process is gone (after a SIGKILL). The host name is in the name because a root may be shared
+by several machines (a home on NFS, ``DISTLAB_RUNS`` on a cluster's file system): a pid says
+whether a process is alive only on the machine that runs it, so only this host's folders are
+pruned. Standard library only, like :mod:`distlab.runfolder`.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 from multiprocessing import util
@@ -26,7 +30,7 @@ from pathlib import Path
 
 PREFIX = "proc-"
 ENV_RUNS = "DISTLAB_RUNS"  # (runfolder.ENV: this module imports runfolder only when it needs it)
-NAME = re.compile(r"^proc-(\d+)-")
+NAME = re.compile(r"^proc-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")  # mkdtemp's random part has no "-"
 _LOCK = threading.RLock()
 _DIRS: dict[int, Path] = {}  # pid -> its folder (a forked child makes its own)
 _DEPTH = [0]
@@ -43,11 +47,40 @@ def process_dir(root: Path | None = None) -> Path:
         if folder is not None and folder.is_dir():
             check_private_dir(folder)
             return folder
-        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-", dir=private_root(root)))
+        folder = Path(tempfile.mkdtemp(prefix=folder_prefix(pid), dir=private_root(root)))
         _DIRS[pid] = folder
         # removed after multiprocessing's own exit handlers, which remove its pymp-* folder in here
         util.Finalize(None, _remove, args=(folder, pid), exitpriority=-101)
         return folder
+
+
+def host_name() -> str:
+    """This machine's name as it goes into a folder name (no "/", nothing odd)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+
+
+def folder_prefix(pid: int, host: str | None = None) -> str:
+    """``proc-<host>-<pid>-``: how the private temporary folder of process ``pid`` starts."""
+    return f"{PREFIX}{host_name() if host is None else host}-{pid}-"
+
+
+def owner_of(name: str) -> tuple[str, int] | None:
+    """(host, pid) of a private temporary folder's name; None for any other name, including the
+    ``proc-<pid>-*`` of distlab before the host went into the name (whose host is unknown)."""
+    m = NAME.match(name)
+    return (m.group("host"), int(m.group("pid"))) if m else None
+
+
+def root_of(folder: str) -> Path | None:
+    """The runs root a private temporary folder lives in, when ``folder`` is one (of this process,
+    or passed down as ``TMPDIR``): runs started while ``tempfile`` points there belong in that root,
+    not in a new root nested inside the folder (and removed with it)."""
+    path = Path(folder)
+    if owner_of(path.name) is None:
+        return None
+    from .runfolder import _is_private_dir
+
+    return path.parent if _is_private_dir(path) and _is_private_dir(path.parent) else None
 
 
 def _remove(folder: Path, pid: int) -> None:
@@ -120,13 +153,15 @@ def multiprocessing_tempdir():
             config["tempdir"] = saved
 
 
-def stale_dirs(root: Path, alive=None) -> list[Path]:
-    """``proc-<pid>-*`` folders in ``root`` whose process no longer runs (killed without cleanup)."""
+def stale_dirs(root: Path, alive=None, host: str | None = None) -> list[Path]:
+    """This host's ``proc-<host>-<pid>-*`` folders in ``root`` whose process no longer runs (killed
+    without cleanup). Another host's folders are never touched: their pids mean nothing here."""
     alive = pid_alive if alive is None else alive
+    host = host_name() if host is None else host
     stale = []
     for entry in os.scandir(root):
-        m = NAME.match(entry.name)
-        if m and entry.is_dir(follow_symlinks=False) and not alive(int(m.group(1))):
+        owner = owner_of(entry.name)
+        if owner is not None and owner[0] == host and entry.is_dir(follow_symlinks=False) and not alive(owner[1]):
             stale.append(Path(entry.path))
     return stale
 

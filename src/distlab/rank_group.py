@@ -19,7 +19,7 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from . import privtmp
+from . import launchmode, privtmp
 from . import rank_errors as err
 from . import rank_proto as proto
 from .rank_status import NO_STATUS
@@ -49,11 +49,13 @@ def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spa
         return _fork_rank(cfg, conn, log, env)
     cfg = {**cfg, "conn_fd": conn.fileno()}
     package_root = str(Path(__file__).resolve().parent.parent)
-    code = f"import sys; sys.path.insert(0, {package_root!r}); from distlab.rank_loop import main; main()"
+    code = (f"{launchmode.SAFE_PATH_CODE}sys.path.insert(0, {package_root!r}); "
+            "from distlab.rank_loop import main; main()")
     env["DISTLAB_RANK"] = json.dumps(cfg)
     with open_private(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=[conn.fileno()],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen([sys.executable, *launchmode.safe_path_flags(), "-c", code], env=env,
+                                pass_fds=[conn.fileno()], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _fork_rank(cfg: dict, conn: Connection, log: Path, env: dict) -> ForkedRank:
@@ -98,13 +100,11 @@ def _rank_environment(cfg: dict, kernel_env) -> dict[str, str]:
     (unless the kernel's environment chose an interface). MASTER_PORT is a placeholder: the
     ranks meet in a FileStore in the group's private folder, not on a port."""
     from .rendezvous import PLACEHOLDER_PORT
-    from .worker import _loopback_interface
+    from .worker import _loopback_interface, loopback_socket_vars
 
-    loopback = _loopback_interface()
     env = {"RANK": str(cfg["rank"]), "LOCAL_RANK": str(cfg["rank"]), "WORLD_SIZE": str(cfg["world_size"]),
            "LOCAL_WORLD_SIZE": str(cfg["world_size"]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PLACEHOLDER_PORT),
-           "GLOO_SOCKET_IFNAME": kernel_env.get("GLOO_SOCKET_IFNAME", loopback),
-           "NCCL_SOCKET_IFNAME": kernel_env.get("NCCL_SOCKET_IFNAME", loopback), "PYTHONUNBUFFERED": "1"}
+           **loopback_socket_vars(kernel_env, _loopback_interface()), "PYTHONUNBUFFERED": "1"}
     if cfg["world_size"] > 1 and "OMP_NUM_THREADS" not in kernel_env:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N ranks must not each use every core
     return env
@@ -125,7 +125,8 @@ def start_group(nprocs: int, backend: str, start: str = "spawn") -> RankGroup:
             for rank in range(nprocs):
                 ours, theirs = Pipe(duplex=True)
                 cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store),
-                       "folder": str(folder), "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p]}
+                       "folder": str(folder), "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p],
+                       "umask": launchmode.current_umask()}
                 group.add(start_rank_process(cfg, theirs, group.log_path(rank), start), ours)
                 theirs.close()  # only the rank holds its end: its death reads as end-of-file here
         group.wait_ready(START_TIMEOUT_S)

@@ -4,8 +4,8 @@
 notebook can create a tensor on every rank in one cell and all-reduce it in the next (the
 ``%%ranks`` magic, :mod:`distlab.magic`). Each rank is a fresh interpreter (never a fork of the
 kernel, so the kernel may use CUDA) tied to the kernel's life; the kernel talks to it over one
-``multiprocessing`` pipe (:mod:`distlab.rank_proto`), and the group's store listens on 127.0.0.1
-only. This module is the kernel side; :mod:`distlab.rank_loop` is the rank side.
+``multiprocessing`` pipe (:mod:`distlab.rank_proto`), and the group's store is a ``FileStore`` in
+the group's private folder: no port at all. This module is the kernel side; :mod:`distlab.rank_loop` is the rank side.
 """
 from __future__ import annotations
 

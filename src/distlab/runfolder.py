@@ -63,14 +63,18 @@ PRIVATE_DIR = 0o700
 def default_root() -> Path:
     """Where runs go unless told: ``$DISTLAB_RUNS``; else ``$XDG_RUNTIME_DIR/distlab-runs`` when
     that folder of yours exists (a per-user folder nobody else can create anything in); else
-    ``<tmp>/distlab-<uid>``."""
+    ``<tmp>/distlab-<uid>``. While ``tempfile`` points at a private temporary folder (a launch in
+    progress, :mod:`distlab.privtmp`), ``<tmp>`` is not that folder: the root is the one it lives in."""
     chosen = os.environ.get(ENV)
     if chosen:
         return Path(chosen).expanduser()
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and _is_private_dir(Path(runtime)):
         return Path(runtime) / "distlab-runs"
-    return Path(tempfile.gettempdir()) / f"distlab-{os.getuid()}"
+    temp = tempfile.gettempdir()
+    from .privtmp import root_of
+
+    return root_of(temp) or Path(temp) / f"distlab-{os.getuid()}"
 
 
 def fallback_root() -> Path:
@@ -119,7 +123,10 @@ def _taken_by_someone_else(path: Path) -> bool:
 
 
 def _checked_root(path: Path | None) -> Path:
+    """The root, checked, as a path with no symbolic link in it: what is checked is what is used
+    (a link someone could re-point later would send the next run elsewhere)."""
     path = Path(default_root() if path is None else path).expanduser().absolute()
+    path = resolved_folder(path.parent) / path.name  # the root itself, if a link, is refused below
     check_ancestors(path.parent)
     try:
         try:
@@ -134,6 +141,49 @@ def _checked_root(path: Path | None) -> Path:
         _refuse(path, f"you cannot create it ({e.strerror})", "Set DISTLAB_RUNS to a folder of yours.")
     check_private_dir(path)
     return path
+
+
+def resolved_folder(folder: Path) -> Path:
+    """``folder`` with every symbolic link on the way resolved; refused if one of those links
+    belongs to another user (who could re-point it at a folder of theirs at any time)."""
+    real, links = follow_links(str(folder))
+    for link, uid in links:
+        if uid not in (0, os.geteuid()):
+            _refuse(Path(link), f"it is a symbolic link that belongs to {_user(uid)}, who could point it elsewhere",
+                    "Set DISTLAB_RUNS to a path without other users' links (the folder it leads to, if it is yours).")
+    return Path(real)
+
+
+def follow_links(path: str, lstat=os.lstat, readlink=os.readlink, limit: int = 40) -> tuple[str, list]:
+    """Resolve ``path`` (absolute) as the kernel would; returns the real path and every symbolic
+    link met on the way as (link, owner uid). Parts that do not exist yet are kept as written
+    (distlab creates them, as you). ``lstat``/``readlink`` are parameters so the walk can be
+    tested on a made-up file system."""
+    parts = [p for p in path.split("/") if p][::-1]  # a stack: the next part last
+    current, links = "/", []
+    while parts:
+        name = parts.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            st = lstat(candidate)
+        except FileNotFoundError:
+            return os.path.normpath(os.path.join(candidate, *parts[::-1])), links
+        if not stat.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        links.append((candidate, st.st_uid))
+        if len(links) > limit:
+            _refuse(Path(path), "it goes through too many symbolic links", "Set DISTLAB_RUNS to a plain folder.")
+        target = readlink(candidate)
+        if target.startswith("/"):
+            current = "/"
+        parts.extend([p for p in target.split("/") if p][::-1])
+    return current, links
 
 
 def check_private_dir(path: Path) -> None:

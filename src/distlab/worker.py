@@ -57,10 +57,18 @@ def _install(run: dict) -> None:
 
     retired_groups.install()  # a destroyed gloo group closes with the rank: 20 ms less per run
     if run["single_node"]:  # keep gloo's and NCCL's own sockets on loopback too
-        loopback = _loopback_interface()
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+        os.environ.update(loopback_socket_vars(os.environ, _loopback_interface()))
         _private_rendezvous(_folder(), int(os.environ["MASTER_PORT"]))
+
+
+SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def loopback_socket_vars(env, loopback: str) -> dict[str, str]:
+    """gloo's and NCCL's interface variables for a single-node rank: the loopback interface,
+    unless ``env`` chose one. Every kind of rank (launched, warm, a hand-run script's) uses this
+    one rule, so none of them opens its collective sockets on another interface."""
+    return {name: env.get(name, loopback) for name in SOCKET_VARS}
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,15 +172,19 @@ def _cuda_built() -> bool:
 
 def _check_listener_is_ours(port: int, rank: int) -> None:
     """Refuse to join a store on 127.0.0.1:``port`` that another user's process listens on: it
-    would see (and could forge) this run's rendezvous. Checked before connecting."""
+    would see (and could forge) this run's rendezvous. Checked twice: the table of listeners
+    before connecting (a squatter is never even connected to), then the process that accepted a
+    connection of ours (a listener that came after the look, or one the table did not show)."""
     from .errors import PORT_SQUATTED, RendezvousError
-    from .rendezvous import listener_uid
+    from .rendezvous import connected_uid, listener_uid
 
     for _ in range(600):  # rank 0 may not listen yet: wait for a listener (at most ~60 s)
         uid = listener_uid(port)
         if uid is not None:
             break
         time.sleep(0.1)
+    if uid is None or uid == os.geteuid():
+        uid = connected_uid(port)
     if uid is not None and uid != os.geteuid():
         raise RendezvousError(PORT_SQUATTED.format(rank=rank, port=port, uid=uid))
 
@@ -187,9 +199,15 @@ def _user_port_store(port: int, world_size, timeout, use_libuv: bool = True, *ar
     try:
         return loopback_store(port, world_size, timeout, multi_tenant=True, use_libuv=use_libuv)
     except OSError as e:
-        if e.errno == errno.EADDRINUSE and _serving(port):
+        if e.errno != errno.EADDRINUSE:
+            raise
+        if _serving(port):
             return None
-        raise
+        from .errors import PORT_IN_USE, PortInUseError
+        from .rendezvous import port_holder
+
+        raise PortInUseError(PORT_IN_USE.format(rank=0, port=port, holder=port_holder(port))) \
+            from None  # the bare OSError named neither the port nor who holds it
 
 
 def _serving(port: int) -> bool:
@@ -221,6 +239,14 @@ def _write_error(exc: BaseException, text: str) -> None:
     write_private(Path(path), json.dumps(data))
 
 
+def script_with_origins(target: str, run_dir: str) -> str | None:
+    """The script whose tracebacks may name notebook cells: the run's own generated script, inside
+    its private run folder. A file ``run_script`` runs from elsewhere gets None: an
+    ``.origins.json`` beside it may have been written by anyone who can write that folder."""
+    real, folder = os.path.realpath(target), os.path.realpath(run_dir)
+    return target if os.path.commonpath([real, folder]) == folder else None
+
+
 def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
     """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``).
 
@@ -236,7 +262,7 @@ def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
         _forget_torchrun_environment()
     global _SCRIPT
     target = argv[1]
-    _SCRIPT = target
+    _SCRIPT = script_with_origins(target, run["run_dir"])
     sys.argv = [target, *argv[2:]]
     sys.path.insert(0, str(Path(target).resolve().parent))
     sys.path.extend(p for p in run.get("sys_path", []) if p not in sys.path)  # modules the kernel could import
@@ -351,7 +377,7 @@ def _spawn_locally(fn, args, nprocs, style, backend):
 
 def _spawned_rank(rank, fn, args, style, backend, stores: str):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    os.environ.update(loopback_socket_vars(os.environ, _loopback_interface()))
     from .rendezvous import PLACEHOLDER_PORT
 
     _private_rendezvous(_StoreFolder(stores), PLACEHOLDER_PORT)

@@ -51,6 +51,29 @@ def wait_for_free_port(port: int, timeout: float = 60.0, poll: float = 0.5) -> f
     return time.monotonic() - start
 
 
+PORT_TAKEN = ("Port {port} is in use on this machine right now ({holder}). The article's setup runs on port "
+              "{other} instead in this chapter; pitfall 1 below shows what a taken port does to code that insists.")
+
+
+def port_for_article(port: int = 12355, wait_s: float = 5.0) -> int:
+    """The article's fixed ``port`` when it is free (waiting a few seconds, for an earlier run of the
+    same cells to let go of it); otherwise a free port, after saying who holds the fixed one.
+
+    A chapter must not fail because another program on the machine holds 12355 (another notebook
+    running the official tutorials, another user): it teaches that collision, it does not suffer it.
+    """
+    try:
+        wait_for_free_port(port, timeout=wait_s, poll=0.25)
+        return port
+    except TimeoutError:
+        pass
+    from ..rendezvous import port_holder
+
+    other = free_port()
+    print(PORT_TAKEN.format(port=port, holder=port_holder(port), other=other))
+    return other
+
+
 def listening_addresses(port: int) -> set[str]:
     """Local addresses on which some process on this machine listens for TCP on ``port``."""
     import psutil

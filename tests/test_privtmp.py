@@ -1,0 +1,71 @@
+"""The private temporary folders of processes (:mod:`distlab.privtmp`): their names, which of them
+pruning may delete, and the runs root while one is ``tempfile``'s folder. No worker processes."""
+import os
+
+import pytest
+
+from distlab import privtmp
+from distlab.runfolder import RunFolder, default_root, private_root, prune
+
+
+@pytest.fixture
+def tmp_root(tmp_path, monkeypatch):
+    """A /tmp-like sticky world-writable folder as tempfile's directory; no private folder yet."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr("tempfile.tempdir", str(shared))
+    monkeypatch.delenv("DISTLAB_RUNS", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(privtmp, "_DIRS", {})
+    return shared
+
+
+def test_names_carry_the_host_and_the_pid():
+    assert privtmp.folder_prefix(42, "node-07.cluster") == "proc-node-07.cluster-42-"
+    assert privtmp.owner_of("proc-node-07.cluster-42-ab_c1x9z") == ("node-07.cluster", 42)
+    assert privtmp.owner_of("proc-42-ab_c1x9z") is None  # before the host was in the name: whose is unknown
+    assert privtmp.owner_of("20261203-101010-demo-abc") is None
+    assert privtmp.host_name() and "/" not in privtmp.host_name()
+
+
+def test_pruning_deletes_only_this_hosts_folders_of_processes_that_are_gone(tmp_path):
+    """Before: ``proc-<pid>-*`` was pruned by pid liveness on whichever host looked, deleting the live
+    folders of kernels on other hosts that share the root (a home on NFS)."""
+    here, dead, live = privtmp.host_name(), 999_999_999, os.getpid()
+    names = {f"proc-{here}-{dead}-aaaaaaaa": True,   # this host's, its process gone: pruned
+             f"proc-{here}-{live}-bbbbbbbb": False,  # this host's, alive
+             f"proc-other-host-{dead}-cccccccc": False,  # another host's: its pid means nothing here
+             f"proc-{dead}-dddddddd": False}  # the old name, host unknown
+    for name in names:
+        (tmp_path / name).mkdir(mode=0o700)
+    gone = {p.name for p in privtmp.stale_dirs(tmp_path, alive=lambda pid: pid == live)}
+    assert gone == {name for name, pruned in names.items() if pruned}
+    assert {p.name for p in prune(tmp_path)} == gone  # what a run's pruning deletes
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, pruned in names.items() if not pruned)
+
+
+def test_a_process_folder_is_named_after_this_host(tmp_root):
+    folder = privtmp.process_dir()
+    assert folder.name.startswith(privtmp.folder_prefix(os.getpid())) and folder.parent == private_root()
+
+
+def test_a_run_started_while_a_launch_holds_the_private_temp_folder_goes_to_the_same_root(tmp_root):
+    """Before: the second run's root was ``<private folder>/distlab-<uid>`` (tempfile's folder at
+    that moment), removed with the private folder when the process exits."""
+    root = private_root()
+    with privtmp.private_tempfiles() as folder:
+        assert default_root() == root
+        run = RunFolder.create("second", prune_old=False)
+        assert privtmp.process_dir() == folder
+    assert run.path.parent == root and not (folder / f"distlab-{os.getuid()}").exists()
+
+
+def test_a_child_whose_tmpdir_is_a_private_folder_uses_that_folders_root(tmp_root, monkeypatch):
+    root = private_root()
+    folder = privtmp.process_dir()
+    monkeypatch.setattr("tempfile.tempdir", str(folder))  # as TMPDIR passed down to a rank
+    monkeypatch.setattr(privtmp, "_DIRS", {})
+    assert default_root() == root
+    assert privtmp.process_dir().parent == root  # not nested inside the parent's folder
