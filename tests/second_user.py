@@ -20,18 +20,25 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture(scope="session")
-def other_user() -> pwd.struct_passwd:
-    """An unprivileged account (created once; idempotent)."""
+def other_user():
+    """An unprivileged account: one that exists already, or one made here for the session and removed
+    at its end (with whatever it still runs), as everything a test creates is."""
     try:
-        return pwd.getpwnam(OTHER)
+        yield pwd.getpwnam(OTHER)
+        return
     except KeyError:
         pass
     made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER],
                           capture_output=True, text=True)
     try:
-        return pwd.getpwnam(OTHER)
+        account = pwd.getpwnam(OTHER)
     except KeyError:
         raise AssertionError(f"could not create the second user: {made.stderr}") from None
+    try:
+        yield account
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", OTHER], capture_output=True)
+        subprocess.run(["userdel", OTHER], capture_output=True)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import slurm_jobs
 from procs import running
 
 from distlab import slurm
+from distlab.slurm import cluster as cluster_module
 from distlab.slurm import commands
 
 pytestmark = pytest.mark.slow
@@ -290,8 +291,6 @@ def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, mo
     again on a new port. This second cluster names its job user (``user=``): its jobs run as that user."""
     from second_user import other_python, start_as_other, stop_other
 
-    from distlab.slurm import cluster as cluster_module
-
     squatter = start_as_other(f"{other_python()} -c \"import socket, time; held = [socket.socket() for _ in '12']; "
                               "[s.bind(('0.0.0.0', 0)) or s.listen() for s in held]; "
                               "print(*[s.getsockname()[1] for s in held], flush=True); time.sleep(120)\"")
@@ -420,3 +419,37 @@ def test_multi_node_entry_points_bind_their_stores(tmp_path):
     assert done.returncode == 0, log
     rank0 = next(line for line in log.splitlines() if line.startswith("LISTEN"))
     assert rank0.endswith("['127.0.0.1']"), rank0
+
+
+def _stopped_cluster_folder(tmp_path, account: str) -> Path:
+    """What a stopped cluster that created ``account`` leaves for ``stop_folder``: no daemon, its records."""
+    folder = tmp_path / "slurm-cluster-x"
+    folder.mkdir(mode=0o700, parents=True)
+    (folder / "daemons.json").write_text("[]")
+    (folder / cluster_module.ACCOUNT_RECORD).write_text(account)
+    return folder
+
+
+def test_a_job_account_the_cluster_made_goes_when_it_stops_unless_another_cluster_uses_it(tmp_path):
+    import pwd
+    import tempfile
+
+    name = "distlab-job-t"
+    made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", name], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    other_door = None
+    try:
+        gid = pwd.getpwnam(name).pw_gid
+        other_door = Path(tempfile.mkdtemp(prefix="distlab-slurm-", dir=cluster_module.system_tmp()))
+        os.chown(other_door, 0, gid)  # a second cluster's jobs run as this account
+        cluster_module.stop_folder(_stopped_cluster_folder(tmp_path / "a", name))
+        assert cluster_module.account_exists(name), "removed while another cluster used it"
+        other_door.rmdir()
+        folder = _stopped_cluster_folder(tmp_path / "b", name)
+        cluster_module.stop_folder(folder)
+        assert not cluster_module.account_exists(name) and not folder.exists()
+    finally:
+        if other_door is not None and other_door.exists():
+            other_door.rmdir()
+        subprocess.run(["userdel", name], capture_output=True)

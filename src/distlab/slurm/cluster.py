@@ -14,7 +14,8 @@ use a real cluster's login node, or a container where you are root.
 
 Who runs the jobs: never root (``DisableRootJobs=YES``). Jobs run as the cluster's *job user*:
 ``local_cluster(user=...)``, else the user who became root with ``sudo`` (``SUDO_USER``), else a
-dedicated unprivileged account, ``distlab-job`` (made with ``useradd --system`` if missing): a job is
+dedicated unprivileged account, ``distlab-job`` (made with ``useradd --system`` if missing, and
+removed with ``userdel`` when the cluster that made it stops, unless another cluster still uses it): a job is
 code a notebook chose to run, and as root any mistake in it, or anyone who reaches a port it opens,
 owns the machine. That user needs a few things of this cluster, in its *door*: a folder made in the
 system's temporary directory (``distlab-slurm-*``), owned by root and the job user's group, mode
@@ -203,8 +204,11 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
         return ExistingCluster(os.environ.get("SLURM_CONF"))
     check_can_start()
     name, create = choose_job_user(user, os.environ)
+    existed = account_exists(name)
     account = ensure_account(name, create)
     folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
+    if not existed:  # made for this cluster: it goes when the cluster stops
+        write_private(folder / ACCOUNT_RECORD, name)
     cluster = LocalCluster(folder=folder, user=account.pw_name, _old_conf=os.environ.get("SLURM_CONF"))
     try:
         _start(cluster)
@@ -231,6 +235,14 @@ def choose_job_user(requested: str | None, environ) -> tuple[str, bool]:
     if sudo and sudo != "root":
         return sudo, False
     return JOB_ACCOUNT, True
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def ensure_account(name: str, create: bool) -> pwd.struct_passwd:
@@ -289,6 +301,7 @@ def _start(cluster: LocalCluster) -> None:
 
 
 DOOR_RECORD = "door"  # in the private folder: where the door is (removed with the cluster)
+ACCOUNT_RECORD = "made-account"  # in the private folder: the job account this cluster created, if it did
 
 
 def make_door(folder: Path, account: pwd.struct_passwd) -> Path:
@@ -445,7 +458,43 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
         door = Path(record.read_text())
         if door.name.startswith("distlab-slurm-") and os.stat(door).st_uid == 0:
             shutil.rmtree(door, ignore_errors=True)  # the jobs' run folders go with it
+    made = Path(folder) / ACCOUNT_RECORD
+    if made.exists():
+        remove_account(made.read_text().strip())
     shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
+
+
+def remove_account(name: str) -> bool:
+    """Delete the job account a cluster created (``userdel``), once its files went with the door.
+
+    Kept while another cluster's door still belongs to its group (a second kernel's cluster shares
+    the account) or while a process of it still runs; then the next cluster to stop removes it.
+    Returns whether it went."""
+    import psutil
+
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        return False
+    if account.pw_uid == 0 or other_doors(account.pw_gid):
+        return False
+    if any(p.info["uids"] and account.pw_uid in p.info["uids"] for p in psutil.process_iter(["uids"])):
+        return False
+    return subprocess.run(["userdel", name], capture_output=True).returncode == 0
+
+
+def other_doors(gid: int) -> list[Path]:
+    """Doors of running clusters (``distlab-slurm-*`` in the system's temporary directory) whose job
+    user's group is ``gid``."""
+    found = []
+    for path in Path(system_tmp()).glob("distlab-slurm-*"):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid == 0 and st.st_gid == gid:
+            found.append(path)
+    return found
 
 
 def _cancel_all(env: dict, grace_s: float) -> None:
