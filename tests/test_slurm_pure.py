@@ -262,7 +262,8 @@ def test_the_jobs_environment_keeps_none_of_roots_folders(tmp_path):
 
     account = pwd.struct_passwd(("distlab-job", "x", 995, 995, "", "/nonexistent", "/usr/sbin/nologin"))
     env = {"HOME": "/root", "USER": "root", "XDG_RUNTIME_DIR": "/run/user/0", "DISTLAB_RUNS": "/root/runs",
-           "TMPDIR": "/tmp", "PATH": "/usr/bin", "SLURM_CONF": "/tmp/d/slurm.conf"}
+           "TMPDIR": "/tmp", "PATH": "/usr/bin", "SLURM_CONF": "/tmp/d/slurm.conf",
+           "TORCHINDUCTOR_CACHE_DIR": "/root/runs/compile-cache", "TRITON_CACHE_DIR": "/root/.triton"}
     out = jobuser.job_environment(env, account, tmp_path)
     assert out == {"HOME": str(tmp_path), "USER": "distlab-job", "LOGNAME": "distlab-job", "PATH": "/usr/bin",
                    "SLURM_CONF": "/tmp/d/slurm.conf"}

@@ -35,7 +35,10 @@ from ..errors import RunFolderError
 from .errors import SlurmArgumentError
 
 #: what the job gets instead of root's own (root's home and runtime folder are closed to the job user)
-DROPPED = ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "DISTLAB_RUNS", "MAIL", "TMPDIR")
+# the submitter's own folders, which the job user cannot (and must not) use; the job's own distlab
+# chooses its runs root and torch.compile cache again (distlab.compile_cache)
+DROPPED = ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "DISTLAB_RUNS", "MAIL", "TMPDIR",
+           "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
 def as_user(account: pwd.struct_passwd) -> dict:
