@@ -27,6 +27,7 @@ can ask this munged for a credential, so no other user can talk to the daemons; 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import pwd
@@ -468,7 +469,8 @@ def remove_account(name: str) -> bool:
     """Delete the job account a cluster created (``userdel``), once its files went with the door.
 
     Kept while another cluster's door still belongs to its group (a second kernel's cluster shares
-    the account) or while a process of it still runs; then the next cluster to stop removes it.
+    the account; the next cluster to stop removes it). An account made for these jobs runs nothing
+    else, so what it still runs (an ``srun`` outliving its daemons) is stopped first.
     Returns whether it went."""
     import psutil
 
@@ -478,9 +480,21 @@ def remove_account(name: str) -> bool:
         return False
     if account.pw_uid == 0 or other_doors(account.pw_gid):
         return False
-    if any(p.info["uids"] and account.pw_uid in p.info["uids"] for p in psutil.process_iter(["uids"])):
-        return False
-    return subprocess.run(["userdel", name], capture_output=True).returncode == 0
+    left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and account.pw_uid in p.info["uids"]]
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(left, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    deadline = time.monotonic() + 10  # userdel refuses while a zombie of it waits to be reaped (by init)
+    while subprocess.run(["userdel", name], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def other_doors(gid: int) -> list[Path]:
