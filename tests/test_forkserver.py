@@ -438,3 +438,24 @@ def test_internal_interpreters_leave_the_working_directory_off_sys_path():
     out = subprocess.run([sys.executable, "-c", launchmode.SAFE_PATH_CODE + "print(sys.path)"],
                          capture_output=True, text=True, check=True).stdout
     assert "''" not in out
+
+
+def test_the_server_socket_has_a_short_name_in_the_private_folder(tmp_path):
+    from distlab import forkserver
+
+    assert forkserver.socket_path(str(tmp_path)) == str(tmp_path / "fs0")
+    (tmp_path / "fs0").touch()  # a previous server's
+    assert forkserver.socket_path(str(tmp_path)) == str(tmp_path / "fs1")
+
+
+@pytest.mark.slow
+def test_a_long_runs_root_still_gets_a_forkserver(tmp_path):
+    # a DISTLAB_RUNS of 72 characters (pytest's tmp_path is often 60-70): the socket path still fits 107 bytes
+    runs = tmp_path / ("r" * max(1, 72 - len(str(tmp_path)) - 1))
+    script = tmp_path / "long_root.py"
+    script.write_text("import warnings, distlab\nwarnings.simplefilter('error')\n"
+                      "def f(rank):\n    return rank\n"
+                      "print(distlab.spawn(f, nprocs=2, view=None, start='forkserver').returns)\n")
+    done = subprocess.run([sys.executable, str(script)], env={**os.environ, "DISTLAB_RUNS": str(runs)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "{0: 0, 1: 1}" in done.stdout, done.stderr[-2000:]

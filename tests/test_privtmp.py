@@ -69,3 +69,10 @@ def test_a_child_whose_tmpdir_is_a_private_folder_uses_that_folders_root(tmp_roo
     monkeypatch.setattr(privtmp, "_DIRS", {})
     assert default_root() == root
     assert privtmp.process_dir().parent == root  # not nested inside the parent's folder
+
+
+def test_a_long_host_name_is_kept_short_and_apart_from_its_neighbours():
+    a, b = "gpu-node-0017.cluster.example.org", "gpu-node-0018.cluster.example.org"
+    assert privtmp.host_name("vm") == "vm"
+    assert len(privtmp.host_name(a)) <= privtmp.HOST_CHARS and privtmp.host_name(a) != privtmp.host_name(b)
+    assert privtmp.host_name(a) == privtmp.host_name(a) and privtmp.host_name(a).startswith("gpu-nod")

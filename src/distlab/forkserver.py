@@ -57,7 +57,7 @@ class _ForkServer(mp_forkserver.ForkServer):
     def _launch(self) -> None:
         """Start ``python -c "...main(...)"`` with the listening socket and the alive pipe's read end;
         this process keeps the write end (the server leaves when every copy is closed)."""
-        address = mp_connection.arbitrary_address("AF_UNIX")
+        address = socket_path(util.get_temp_dir())
         with socket.socket(socket.AF_UNIX) as listener:
             listener.bind(address)
             os.chmod(address, 0o600)  # an abstract address was refused before (peercred)
@@ -96,6 +96,18 @@ class _ForkServer(mp_forkserver.ForkServer):
         finally:
             os.close(child_r)
             os.close(child_w)
+
+
+def socket_path(folder: str) -> str:
+    """A name for the server's socket in ``folder`` (this process's private folder): as short as
+    can be (``fs0``), because a Unix socket's path must fit 107 bytes and the folder already sits
+    in the runs root (a ``DISTLAB_RUNS`` of 60-odd characters, as a test's ``tmp_path``, left
+    ``multiprocessing``'s ``listener-XXXXXXXX`` one byte too many); the number moves on past a
+    name a previous server left."""
+    n = 0
+    while os.path.lexists(os.path.join(folder, f"fs{n}")):
+        n += 1
+    return os.path.join(folder, f"fs{n}")
 
 
 def spare_count() -> int:

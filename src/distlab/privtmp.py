@@ -54,9 +54,20 @@ def process_dir(root: Path | None = None) -> Path:
         return folder
 
 
-def host_name() -> str:
-    """This machine's name as it goes into a folder name (no "/", nothing odd)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+HOST_CHARS = 16  # a folder name stays short: the forkserver's socket path inside it must fit 107 bytes
+
+
+def host_name(name: str | None = None) -> str:
+    """This machine's name as it goes into a folder name (no "/", nothing odd, at most
+    :data:`HOST_CHARS`: a longer name keeps its start and a hash of the whole, so two long names
+    that share a start, ``gpu-node-0017.cluster...`` and ``gpu-node-0018.cluster...``, stay apart)."""
+    import hashlib
+
+    name = socket.gethostname() if name is None else name
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "host"
+    if len(clean) <= HOST_CHARS:
+        return clean
+    return f"{clean[:HOST_CHARS - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
 def folder_prefix(pid: int, host: str | None = None) -> str:
