@@ -109,13 +109,19 @@ def test_a_launch_runs_on_the_spares_and_the_server_forks_new_ones():
     assert all(running(p) for p in again)
 
 
-@pytestmark_linux
-def test_a_spare_that_died_while_idle_is_replaced_and_the_launch_still_runs():
+def server_with_spares(signal_them=None) -> tuple[int, list[int]]:
+    """The forkserver (started by a 1-rank launch) and its two spares, each sent ``signal_them`` if given."""
     distlab.spawn(my_pid, nprocs=1, view=None, start="forkserver")
     server = forkserver.server_pid()
     spares = wait_for_spares(server, 2)
-    for pid in spares:
-        os.kill(pid, signal.SIGKILL)
+    for pid in spares if signal_them is not None else ():
+        os.kill(pid, signal_them)
+    return server, spares
+
+
+@pytestmark_linux
+def test_a_spare_that_died_while_idle_is_replaced_and_the_launch_still_runs():
+    server, spares = server_with_spares(signal.SIGKILL)
     ranks = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver").returns
     assert len(set(ranks.values())) == 2 and not set(ranks.values()) & set(spares)
     assert len(wait_for_spares(server, 2)) >= 2
@@ -125,11 +131,7 @@ def test_a_spare_that_died_while_idle_is_replaced_and_the_launch_still_runs():
 def test_a_spare_killed_after_it_was_handed_a_rank_but_before_it_said_so_never_fails_the_launch():
     # the window on purpose: the spares are stopped, so a launch's request reaches them but they cannot
     # confirm; then they are killed. The launch runs on other processes, and the server keeps spares.
-    distlab.spawn(my_pid, nprocs=1, view=None, start="forkserver")
-    server = forkserver.server_pid()
-    spares = wait_for_spares(server, 2)
-    for pid in spares:
-        os.kill(pid, signal.SIGSTOP)
+    server, spares = server_with_spares(signal.SIGSTOP)
     pending = distlab.spawn(my_pid, nprocs=2, view=None, start="forkserver", join=False)
     time.sleep(0.5)
     assert not pending.done(), "the launch ran on stopped spares?"

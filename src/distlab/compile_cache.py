@@ -88,11 +88,8 @@ class _DefaultCacheDirHook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != TORCH_MODULE:
             return None
-        sys.meta_path.remove(self)  # one use; the real finders answer
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
+        sys.meta_path.remove(self)  # one use: the real finders answer, and this hook is done
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         exec_module, folder = spec.loader.exec_module, self.folder
