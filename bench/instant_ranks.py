@@ -53,7 +53,7 @@ print("RESULT", json.dumps(out), flush=True)
 RANKS = """
 import json, time, psutil
 import distlab
-from distlab import forkserver
+from distlab.forkserver import client as forkserver
 out = {}
 if START == "forkserver":
     forkserver.ensure_server()

@@ -5,7 +5,7 @@ each step, then ``ratio: X`` = median launch / median time until the last rank e
 (how much of a launch is not starting ranks).
 
 It also prints the median CPU time this process (the kernel) spent per launch. Step "d2" is when
-the last rank's process got its run: a spare rank the server forked ahead (``distlab._spare_rank``)
+the last rank's process got its run: a spare rank the server forked ahead (``distlab.forkserver.spare``)
 records it; a rank forked on request has none. ``--busy`` keeps both cores busy with two spinning
 processes meanwhile; ``--gap S`` waits S seconds between launches (the server forks its spares in
 such gaps, as between a learner's cells).
@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 import distlab
-from distlab import engine, forkserver, watch
+from distlab.forkserver import client as forkserver
+from distlab.launch import engine, watch
 
 STEPS = {}  # step -> [seconds after the call, one per launch]
 _marks: dict[str, float] = {}
@@ -36,7 +37,7 @@ def job(rank, world_size):
     dist.all_reduce(t)
     dist.destroy_process_group()
     try:
-        from distlab import _spare_rank
+        from distlab.forkserver import spare as _spare_rank
     except ImportError:  # a distlab from before spare ranks (for before/after comparisons)
         _spare_rank = None
     received = _spare_rank.RECEIVED[0] if _spare_rank is not None and _spare_rank.RECEIVED else None
@@ -65,7 +66,7 @@ def instrument() -> None:
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.elastic.multiprocessing import api as mp_api
 
-    _around(engine, "_launch_agent", "a. script written, agent starts", "h. agent returned")
+    _around(engine, "launch_agent", "a. script written, agent starts", "h. agent returned")
     _around(agent_api.SimpleElasticAgent, "_rendezvous", "b. rendezvous")
     _around(forkserver._RankPopen, "_launch", "c. first rank requested", "d. last rank requested")
     _around(mp_api.MultiprocessContext, "_close", "g. ranks exited")

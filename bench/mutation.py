@@ -32,17 +32,17 @@ KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 
 # (module.function the mutant is in, text in its mutated line, why no test can tell it apart)
 EQUIVALENT: list[tuple[str, str, str]] = [
-    ("distlab.capture.global_names", '"XX<distlab-capture>XX"',
+    ("distlab.capture.collect.global_names", '"XX<distlab-capture>XX"',
      "the file name given to compile() only shows in a SyntaxError, and the text comes from code that compiled"),
-    ("distlab.capture.global_names", '"<DISTLAB-CAPTURE>"', "the same file name, upper-cased"),
+    ("distlab.capture.collect.global_names", '"<DISTLAB-CAPTURE>"', "the same file name, upper-cased"),
     ("distlab.results.read_returns", "map_location=None",
      "only a return value saved on a GPU loads differently; the fast tests run without one"),
     ("distlab.results.read_returns", "torch.load(path, weights_only=False)", "map_location dropped: as above"),
-    ("distlab.source._around_methods", "_first_line(n) < code.co_firstlineno",
+    ("distlab.capture.source._around_methods", "_first_line(n) < code.co_firstlineno",
      "a method's def cannot begin on the first line of its class statement"),
-    ("distlab.source._written_in", "candidate.span[0] < code.co_firstlineno",
+    ("distlab.capture.source._written_in", "candidate.span[0] < code.co_firstlineno",
      "a method's def cannot begin on the first line of its class statement"),
-    ("distlab.source._from_inspect", "cls.__name__)[:2]",
+    ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
 ]
 
@@ -75,7 +75,7 @@ def mutated_lines(name: str) -> list[str]:
 
 
 def function_of(name: str) -> str:
-    """``distlab.capture.x_compact__mutmut_3`` -> ``distlab.capture.compact`` (methods: ``Class.method``)."""
+    """``distlab.capture.collect.x_compact__mutmut_3`` -> ``distlab.capture.collect.compact`` (methods too)."""
     module, _, mangled = name.rpartition(".")
     mangled = re.sub(r"__mutmut_\d+$", "", mangled)
     mangled = re.sub(r"^x[_ǁ]", "", mangled)

@@ -5,9 +5,9 @@ rank 1 arriving 2 ms after rank 0, as a forked rank does. Medians of ``--repeats
 variants of each row alternated:
 
     group forms, FileStore      torch's FileStore looks for a missing key every 10 ms
-    group forms, PromptStore    distlab.prompt_store: the same file, checked from 0.2 ms on
+    group forms, PromptStore    distlab.rendezvous.prompt_store: the same file, checked from 0.2 ms on
     destroy, torn down          dist.destroy_process_group() releasing the gloo group at once
-    destroy, kept               the same with distlab.retired_groups (the group closes at exit)
+    destroy, kept               the same with distlab.rendezvous.retired_groups (the group closes at exit)
     reseed numpy, not loaded    numpy.random.seed() where the parent never touched numpy.random
     reseed numpy, preloaded     the same after the parent imported numpy.random (the server does)
 
@@ -25,8 +25,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from distlab import retired_groups
-from distlab.prompt_store import prompt_store
+from distlab.rendezvous import retired_groups
+from distlab.rendezvous.prompt_store import prompt_store
 
 
 def _store(path: str, prompt: bool):

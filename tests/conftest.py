@@ -49,7 +49,7 @@ def run_as_rank0(tmp_path, monkeypatch):
 
     import distlab
     import distlab.worker
-    from distlab import engine
+    from distlab.launch import engine
 
     monkeypatch.setenv("DISTLAB_RUNS", str(tmp_path / "runs"))
     returned = {}

@@ -9,7 +9,8 @@ import torch
 from fake_kernel import run_cells
 
 import distlab
-from distlab import LaunchArgumentError, api, config, engine
+from distlab import LaunchArgumentError, config
+from distlab.launch import engine
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def test_device(monkeypatch, gpus, n_gpus, env, rank, expected):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     gpus(n_gpus)
-    assert api.device(rank) == torch.device(expected)
+    assert config.device(rank) == torch.device(expected)
 
 
 @pytest.mark.parametrize("n_gpus,env,world,expected", [

@@ -13,8 +13,8 @@ from article_code import DEMO_BASIC, IMPORTS, SETUP_CLEANUP, TOY_MODEL
 from fake_kernel import as_main, run_cells
 
 from distlab import CaptureError
-from distlab.capture import capture, global_names, import_line, is_literal
-from distlab.script import render
+from distlab.capture.collect import capture, global_names, import_line, is_literal
+from distlab.capture.script import render
 
 ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
 Pair = collections.namedtuple("Pair", "first second")  # importable: pickled by reference

@@ -11,7 +11,7 @@ import pytest
 from fake_kernel import as_main, run_cells
 
 from distlab import CaptureError
-from distlab.capture import capture
+from distlab.capture.collect import capture
 
 
 def run_file_into(ns: dict, path) -> None:

@@ -56,7 +56,7 @@ def test_every_error_is_a_distlab_error(error):
 
 def test_a_fixed_port_in_use_names_the_port_who_holds_it_and_what_to_do():
     from distlab.errors import PORT_IN_USE, PortInUseError
-    from distlab.rendezvous import describe_holder
+    from distlab.rendezvous.loopback import describe_holder
 
     holders = [describe_holder(1000, 4242, "python -m ipykernel_launcher -f k.json", 1000, "me (uid 1000)"),
                describe_holder(1000, None, None, 1000, "me (uid 1000)"),

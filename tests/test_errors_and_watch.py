@@ -2,10 +2,10 @@
 import json
 from types import SimpleNamespace
 
-from distlab.display import TextView
-from distlab.engine import first_failure_error, lines_before_traceback
 from distlab.errors import WorkerFailedError, WorkerTimeoutError
-from distlab.watch import Watcher, clean_stack
+from distlab.launch.engine import first_failure_error, lines_before_traceback
+from distlab.launch.watch import Watcher, rank_stack
+from distlab.view.display import TextView
 
 
 def test_worker_failed_message():
@@ -70,7 +70,7 @@ Current thread 0x00007e (most recent call first):
 
 
 def test_clean_stack_keeps_only_user_frames():
-    assert clean_stack(DUMP) == (
+    assert rank_stack(DUMP) == (
         "Current thread 0x00007e (most recent call first):\n"
         '  File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
         '  File "/runs/hang.py", line 18 in hang'
@@ -110,7 +110,7 @@ def test_watcher_streams_whole_lines_and_metrics_once(tmp_path):
 def test_widgets_only_where_a_jupyter_server_started_the_kernel(monkeypatch):
     import sys
 
-    from distlab.display import widgets_can_render
+    from distlab.view.display import widgets_can_render
 
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     assert not widgets_can_render({"JPY_SESSION_NAME": "x"})  # a terminal
@@ -158,7 +158,7 @@ def test_descendants_from_proc_are_psutils_children():
 
     import psutil
 
-    from distlab import watch
+    from distlab.launch import watch
 
     code = ("import subprocess, sys, time; "
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)")
@@ -182,7 +182,7 @@ def test_the_environment_search_skips_the_forkserver_and_what_it_forked_but_not_
 
     import psutil
 
-    from distlab import watch
+    from distlab.launch import watch
 
     me = os.getpid()
     tree = [(101, me), (102, 101), (103, 101), (104, 103), (105, me)]  # 101: the server; 102, 103: its forks

@@ -8,7 +8,8 @@ import pytest
 from fake_kernel import run_cells
 
 import distlab
-from distlab import agent_wait, retired_groups
+from distlab.forkserver import agent_wait
+from distlab.rendezvous import retired_groups
 
 
 class _Queue:
@@ -104,7 +105,7 @@ def test_a_rank_can_destroy_and_make_groups_again_and_keeps_what_it_destroyed():
     import torch
     import torch.distributed as dist
     def twice(rank, world):
-        from distlab import retired_groups
+        from distlab.rendezvous import retired_groups
         sums = []
         for _ in range(2):
             dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -142,7 +143,7 @@ def test_quieting_torchelastic_sets_and_restores_every_level_at_once():
 
     import torch.distributed.elastic.agent.server.api  # noqa: F401  (torchelastic sets its level at import)
 
-    from distlab import engine
+    from distlab.launch import engine
 
     name = "torch.distributed.elastic.agent.server.api"
     logging.getLogger(name).setLevel(logging.INFO)
@@ -159,7 +160,7 @@ def _prompt_file_store(tmp_path, seconds: float):
 
     import torch.distributed as dist
 
-    from distlab.prompt_store import prompt_store
+    from distlab.rendezvous.prompt_store import prompt_store
 
     inner = dist.FileStore(str(tmp_path / "store"), 1)
     inner.set_timeout(timedelta(seconds=seconds))
@@ -243,10 +244,10 @@ def test_a_cpu_build_of_torch_is_seen_as_one_without_accelerators():
     """The CPU wheel (this suite's) takes the fast paths: CPU-only reseeding and the PromptStore."""
     import torch
 
-    from distlab import _forkrank, worker
-
+    from distlab import worker
+    from distlab.forkserver import child
     cpu_wheel = torch.version.cuda is None and torch.version.hip is None and not torch.backends.mps.is_built()
-    assert _forkrank.accelerator_built() is not cpu_wheel
+    assert child.accelerator_built() is not cpu_wheel
     assert worker._cuda_built() is (torch.version.cuda is not None or torch.version.hip is not None)
 
 
@@ -281,7 +282,7 @@ def test_torchelastic_events_are_serialised_only_for_a_logger_that_listens():
 
     from torch.distributed.elastic import events
 
-    from distlab import engine
+    from distlab.launch import engine
 
     class Event:
         made = 0
@@ -346,7 +347,7 @@ def test_a_module_written_after_the_server_started_is_found_by_its_ranks(tmp_pat
 def test_torchelastic_asks_for_the_host_name_once_per_kernel(monkeypatch):
     from torch.distributed.elastic.agent.server import api as agent_api
 
-    from distlab import engine
+    from distlab.launch import engine
 
     engine._events_ask_first()
     asked = []
@@ -359,7 +360,7 @@ def test_torchelastic_asks_for_the_host_name_once_per_kernel(monkeypatch):
 def test_setting_levels_empties_only_the_caches_of_the_loggers_it_sets():
     import logging
 
-    from distlab import engine
+    from distlab.launch import engine
 
     quiet, other = logging.getLogger("distlab-test.quiet"), logging.getLogger("distlab-test.other")
     quiet.setLevel(logging.WARNING)

@@ -13,11 +13,12 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from distlab import api, compat, engine, worker
-from distlab.display import TextView
+from distlab import api, worker
 from distlab.errors import DistlabError, RunCancelledError
-from distlab.runfolder import RunFolder
-from distlab.watch import Watcher
+from distlab.folders.runfolder import RunFolder
+from distlab.launch import compat, engine
+from distlab.launch.watch import Watcher
+from distlab.view.display import TextView
 
 
 class RaisingView(TextView):
@@ -185,8 +186,8 @@ def test_distlabs_own_rendezvous_is_a_private_file_store_per_attempt_and_call(tm
 
 
 def test_a_port_another_user_listens_on_is_refused_before_joining(monkeypatch):
-    from distlab import rendezvous
     from distlab.errors import RendezvousError
+    from distlab.rendezvous import loopback as rendezvous
 
     monkeypatch.setattr(rendezvous, "listener_uid", lambda port: os.geteuid() + 1)
     with pytest.raises(RendezvousError, match=r"rank 1 will not join the store on 127.0.0.1:4000: another user "
@@ -198,7 +199,7 @@ def test_a_port_another_user_listens_on_is_refused_before_joining(monkeypatch):
 
 
 def test_the_listener_uid_is_read_from_proc_net_tcp():
-    from distlab.rendezvous import listening_uid
+    from distlab.rendezvous.loopback import listening_uid
 
     rows = ["   0: 0100007F:0FA0 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 1 1 0",
             "   1: 0100007F:0FA1 0100007F:0FA0 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0"]
@@ -211,7 +212,7 @@ def test_the_agents_rendezvous_is_in_process_with_a_fresh_store_each_attempt():
     from torch.distributed.elastic.rendezvous import RendezvousHandler
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-    from distlab import rendezvous
+    from distlab.rendezvous import loopback as rendezvous
 
     before = {c.laddr for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
     handler = rendezvous.create_handler(SimpleNamespace(run_id="unit-test-run"))
@@ -233,7 +234,7 @@ def test_the_agents_rendezvous_is_in_process_with_a_fresh_store_each_attempt():
 
 
 def test_loopback_store_on_a_fixed_port_listens_on_loopback_only():
-    from distlab.rendezvous import bind_loopback, loopback_store
+    from distlab.rendezvous.loopback import bind_loopback, loopback_store
 
     with bind_loopback() as probe:
         port = probe.getsockname()[1]
@@ -272,7 +273,8 @@ def test_pyproject_floor_matches_the_checked_floor():
 
 
 def test_cleanup_runs_every_step_even_when_one_fails_and_can_run_again(monkeypatch):
-    from distlab import rendezvous, watch
+    from distlab.launch import watch
+    from distlab.rendezvous import loopback as rendezvous
 
     done = []
 

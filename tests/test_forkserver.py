@@ -18,8 +18,10 @@ from fake_kernel import run_cells
 from procs import running
 
 import distlab
-from distlab import LaunchArgumentError, forklaunch, launchmode
-from distlab.display import TextView
+from distlab import LaunchArgumentError
+from distlab.forkserver import elastic as forklaunch
+from distlab.forkserver import mode as launchmode
+from distlab.view.display import TextView
 
 TESTS = Path(__file__).parent
 
@@ -92,7 +94,7 @@ def test_failures_torchelastic_did_not_report_are_added(tmp_path):
 
 
 def test_no_forkserver_means_fresh_interpreters_with_a_warning(monkeypatch):
-    from distlab import forkserver
+    from distlab.forkserver import client as forkserver
 
     def broken():
         raise OSError("no room for a server")
@@ -115,7 +117,7 @@ import torch.distributed as dist
 
 def state(rank, port):
     fresh = "edited_mod" not in sys.modules
-    preloaded = "distlab._forkserver_boot" in sys.modules  # imported (with torch) by the server only
+    preloaded = "distlab.forkserver.preload" in sys.modules  # imported (with torch) by the server only
     import edited_mod
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)  # the user's own port
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -136,7 +138,7 @@ import json, os, socket, sys
 sys.path.insert(0, {str(TESTS)!r})
 from fake_kernel import run_cells
 import distlab
-from distlab import forkserver
+from distlab.forkserver import client as forkserver
 
 work = sys.argv[1]
 mods = os.path.join(work, "mods")
@@ -298,7 +300,7 @@ def test_every_rank_draws_its_own_random_numbers_as_a_fresh_process_would():
 @pytest.mark.slow
 def test_the_watcher_finds_forked_ranks_by_rank(tmp_path):
     """A forked rank's /proc environment is the server's: the watcher asks distlab's registry."""
-    from distlab import watch
+    from distlab.launch import watch
     from distlab.teach import failures as lab
 
     ns = run_cells("""
@@ -358,7 +360,7 @@ def test_a_torn_error_file_is_reported_by_the_exit_code(tmp_path):
     reported, by its exit code, instead of torchelastic's ProcessFailure failing to parse the file."""
     from types import SimpleNamespace
 
-    from distlab import forklaunch
+    from distlab.forkserver import elastic as forklaunch
 
     torn = tmp_path / "rank1.error.json"
     torn.write_text("")
@@ -373,7 +375,7 @@ def test_a_torn_error_file_is_reported_by_the_exit_code(tmp_path):
 def test_forked_ranks_create_files_with_the_kernels_umask_at_launch(tmp_path):
     """Before: a forked rank kept the umask the server started with (a file 0644 after the kernel
     set 077). Ranks of a launch and warm ranks get the kernel's umask at launch."""
-    from distlab import forkserver
+    from distlab.forkserver import client as forkserver
 
     ns = run_cells("""
     import os
@@ -441,7 +443,7 @@ def test_internal_interpreters_leave_the_working_directory_off_sys_path():
 
 
 def test_the_server_socket_has_a_short_name_in_the_private_folder(tmp_path):
-    from distlab import forkserver
+    from distlab.forkserver import client as forkserver
 
     assert forkserver.socket_path(str(tmp_path)) == str(tmp_path / "fs0")
     (tmp_path / "fs0").touch()  # a previous server's

@@ -5,7 +5,9 @@ import stat
 import pytest
 from fake_kernel import run_cells
 
-from distlab import capture, origins, script, worker
+from distlab import worker
+from distlab.capture import collect as capture
+from distlab.capture import origins, script
 
 CELLS = (
     "import functools\n",

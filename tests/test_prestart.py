@@ -10,7 +10,9 @@ import psutil
 import pytest
 
 import distlab
-from distlab import forkserver, prestart, privtmp
+from distlab.folders import privtmp
+from distlab.forkserver import client as forkserver
+from distlab.forkserver import prestart
 
 
 def test_the_rule_for_starting_the_server_in_the_background():
@@ -29,7 +31,7 @@ InteractiveShell.instance()                      # as in a notebook: an IPython 
 began = time.perf_counter()
 import distlab
 print("IMPORT", time.perf_counter() - began, "torch" in __import__("sys").modules, flush=True)
-from distlab import forkserver
+from distlab.forkserver import client as forkserver
 deadline = time.monotonic() + {wait}
 while forkserver.server_pid() is None and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -53,7 +55,8 @@ def test_importing_distlab_in_a_notebook_starts_the_server_without_waiting_for_i
 def test_old_runs_are_pruned_in_the_background_not_by_the_first_launch(tmp_path):
     """The first prune of a process reads every run folder of the root (a day of work leaves
     thousands): in a notebook it runs in the prestart thread, before any launch."""
-    from distlab.runfolder import KEEP_NEWEST, private_root
+    from distlab.folders.private import private_root
+    from distlab.folders.runfolder import KEEP_NEWEST
 
     root = private_root(tmp_path / "runs")
     for i in range(KEEP_NEWEST):  # the newest runs are kept whatever their age
@@ -65,7 +68,7 @@ def test_old_runs_are_pruned_in_the_background_not_by_the_first_launch(tmp_path)
     script = ("from IPython.core.interactiveshell import InteractiveShell\n"
               "InteractiveShell.instance()\n"
               "import distlab\n"
-              "from distlab import prestart\n"
+              "from distlab.forkserver import prestart\n"
               "prestart.wait(120)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
                          env={**os.environ, "DISTLAB_RUNS": str(root)})

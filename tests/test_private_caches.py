@@ -10,8 +10,8 @@ import pytest
 from second_user import as_other
 
 import distlab
-from distlab import compile_cache, privtmp
-from distlab.runfolder import RunFolderError
+from distlab.errors import RunFolderError
+from distlab.folders import compile_cache, privtmp
 
 # --- the compile cache: pure rule and fallback ------------------------------------------------------
 
@@ -24,7 +24,7 @@ def test_a_runs_root_that_cannot_be_used_gives_a_fresh_private_folder_not_the_sh
     def refused():
         raise RunFolderError("no root")
 
-    monkeypatch.setattr("distlab.runfolder.private_root", refused)
+    monkeypatch.setattr("distlab.folders.private.private_root", refused)
     env: dict = {}
     folder = compile_cache.use_private_cache(env)
     try:
@@ -85,7 +85,7 @@ def where_temp_and_cache_are(rank=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("start", ["forkserver", "spawn"])
 def test_every_rank_has_its_temporary_files_and_compile_cache_in_the_private_root(start):
-    from distlab.runfolder import private_root
+    from distlab.folders.private import private_root
 
     root = private_root()
     seen = distlab.spawn(where_temp_and_cache_are, nprocs=2, view=None, start=start).returns
@@ -98,7 +98,7 @@ def test_every_rank_has_its_temporary_files_and_compile_cache_in_the_private_roo
 
 @pytest.mark.slow
 def test_warm_ranks_have_their_temporary_files_in_the_private_root():
-    from distlab.runfolder import private_root
+    from distlab.folders.private import private_root
 
     with distlab.Ranks(2) as ranks:
         seen = ranks.run(where_temp_and_cache_are)
@@ -135,7 +135,7 @@ tempfile.NamedTemporaryFile = recording
 def test_the_intro_s_failing_mp_spawn_keeps_torch_s_error_files_private(shared_tmp):
     done = _fresh_python(RECORD_ERROR_FILES + textwrap.dedent("""
         import torch.multiprocessing as mp
-        from distlab.runfolder import private_root
+        from distlab.folders.private import private_root
         from distlab.teach.intro import child_stderr
         with child_stderr() as said:
             try:
@@ -164,7 +164,7 @@ def test_a_script_s_own_mp_spawn_writes_torch_s_error_files_in_the_private_root(
             mp.spawn(work, nprocs=2)
             print("ERRORFILES", made)
     """))
-    from distlab.runfolder import private_root
+    from distlab.folders.private import private_root
 
     res = distlab.run_script(script, nproc_per_node=1, mode="python", view=None)
     line = next(line for line in res.logs[0].splitlines() if line.startswith("ERRORFILES"))

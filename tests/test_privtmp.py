@@ -1,11 +1,12 @@
-"""The private temporary folders of processes (:mod:`distlab.privtmp`): their names, which of them
+"""The private temporary folders of processes (:mod:`distlab.folders.privtmp`): their names, which of them
 pruning may delete, and the runs root while one is ``tempfile``'s folder. No worker processes."""
 import os
 
 import pytest
 
-from distlab import privtmp
-from distlab.runfolder import RunFolder, default_root, private_root, prune
+from distlab.folders import private, privtmp
+from distlab.folders.private import default_root, private_root
+from distlab.folders.runfolder import RunFolder, prune
 
 
 @pytest.fixture
@@ -23,24 +24,24 @@ def tmp_root(tmp_path, monkeypatch):
 
 
 def test_names_carry_the_host_and_the_pid():
-    assert privtmp.folder_prefix(42, "node-07.cluster") == "proc-node-07.cluster-42-"
-    assert privtmp.owner_of("proc-node-07.cluster-42-ab_c1x9z") == ("node-07.cluster", 42)
-    assert privtmp.owner_of("proc-42-ab_c1x9z") is None  # before the host was in the name: whose is unknown
-    assert privtmp.owner_of("20261203-101010-demo-abc") is None
-    assert privtmp.host_name() and "/" not in privtmp.host_name()
+    assert private.folder_prefix(42, "node-07.cluster") == "proc-node-07.cluster-42-"
+    assert private.owner_of("proc-node-07.cluster-42-ab_c1x9z") == ("node-07.cluster", 42)
+    assert private.owner_of("proc-42-ab_c1x9z") is None  # before the host was in the name: whose is unknown
+    assert private.owner_of("20261203-101010-demo-abc") is None
+    assert private.host_name() and "/" not in private.host_name()
 
 
 def test_pruning_deletes_only_this_hosts_folders_of_processes_that_are_gone(tmp_path):
     """Before: ``proc-<pid>-*`` was pruned by pid liveness on whichever host looked, deleting the live
     folders of kernels on other hosts that share the root (a home on NFS)."""
-    here, dead, live = privtmp.host_name(), 999_999_999, os.getpid()
+    here, dead, live = private.host_name(), 999_999_999, os.getpid()
     names = {f"proc-{here}-{dead}-aaaaaaaa": True,   # this host's, its process gone: pruned
              f"proc-{here}-{live}-bbbbbbbb": False,  # this host's, alive
              f"proc-other-host-{dead}-cccccccc": False,  # another host's: its pid means nothing here
              f"proc-{dead}-dddddddd": False}  # the old name, host unknown
     for name in names:
         (tmp_path / name).mkdir(mode=0o700)
-    gone = {p.name for p in privtmp.stale_dirs(tmp_path, alive=lambda pid: pid == live)}
+    gone = {p.name for p in private.stale_dirs(tmp_path, alive=lambda pid: pid == live)}
     assert gone == {name for name, pruned in names.items() if pruned}
     assert {p.name for p in prune(tmp_path)} == gone  # what a run's pruning deletes
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, pruned in names.items() if not pruned)
@@ -48,7 +49,7 @@ def test_pruning_deletes_only_this_hosts_folders_of_processes_that_are_gone(tmp_
 
 def test_a_process_folder_is_named_after_this_host(tmp_root):
     folder = privtmp.process_dir()
-    assert folder.name.startswith(privtmp.folder_prefix(os.getpid())) and folder.parent == private_root()
+    assert folder.name.startswith(private.folder_prefix(os.getpid())) and folder.parent == private_root()
 
 
 def test_a_run_started_while_a_launch_holds_the_private_temp_folder_goes_to_the_same_root(tmp_root):
@@ -73,6 +74,6 @@ def test_a_child_whose_tmpdir_is_a_private_folder_uses_that_folders_root(tmp_roo
 
 def test_a_long_host_name_is_kept_short_and_apart_from_its_neighbours():
     a, b = "gpu-node-0017.cluster.example.org", "gpu-node-0018.cluster.example.org"
-    assert privtmp.host_name("vm") == "vm"
-    assert len(privtmp.host_name(a)) <= privtmp.HOST_CHARS and privtmp.host_name(a) != privtmp.host_name(b)
-    assert privtmp.host_name(a) == privtmp.host_name(a) and privtmp.host_name(a).startswith("gpu-nod")
+    assert private.host_name("vm") == "vm"
+    assert len(private.host_name(a)) <= private.HOST_CHARS and private.host_name(a) != private.host_name(b)
+    assert private.host_name(a) == private.host_name(a) and private.host_name(a).startswith("gpu-nod")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from distlab.rendezvous import accepting_uid, listeners, listening_uid, parse_endpoint
+from distlab.rendezvous.loopback import accepting_uid, listeners, listening_uid, parse_endpoint
 
 
 def v4(address: str, port: int) -> str:

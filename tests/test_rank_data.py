@@ -7,9 +7,8 @@ import torch
 from IPython.core.error import UsageError
 
 import distlab
-from distlab import rank_data as data
-from distlab import rank_proto as proto
-from distlab.magic import pushed_values
+from distlab.warm import data, proto
+from distlab.warm.magic import pushed_values
 
 
 def test_push_takes_keywords_and_a_dict_for_names_that_clash_with_its_options():

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from distlab import rank_status as rs
-from distlab import rank_watch
-from distlab.display import live_frontend
-from distlab.rank_group import Conversation
+from distlab.view.display import live_frontend
+from distlab.warm import status as rs
+from distlab.warm import watch as rank_watch
+from distlab.warm.group import Conversation
 
 
 class Clock:

@@ -13,9 +13,9 @@ from fake_kernel import as_main, run_cells
 from procs import running
 
 import distlab
-from distlab import rank_errors as err
-from distlab import rank_group
-from distlab.rank_proto import RankValues, Shown
+from distlab.warm import errors as err
+from distlab.warm import group as rank_group
+from distlab.warm.proto import RankValues, Shown
 
 pytestmark = pytest.mark.slow
 ALL_REDUCE = "t = torch.ones(1); dist.all_reduce(t); t.item()"
@@ -188,7 +188,7 @@ def test_values_that_cannot_travel_come_back_as_their_repr(ranks):
 
 
 def test_sockets_stay_on_loopback_and_ranks_are_never_forks_of_this_process(ranks):
-    from distlab import forkserver
+    from distlab.forkserver import client as forkserver
 
     addresses = set()
     for pid in ranks.pids:

@@ -10,14 +10,14 @@ import pytest
 from nbrun import execute
 from procs import running
 
-from distlab import rank_errors as err
+from distlab.warm import errors as err
 
 pytestmark = pytest.mark.slow
 NOTEBOOK = Path(__file__).with_name("ranks_magic.ipynb")
 
 # A cell cut short (a limit, an interrupt) shows its error within this, plus the ranks' restart when
 # one is needed: collecting the stacks takes ~0.05 s on an idle machine. Before distlab learnt that a
-# rank stuck in a collective reports it (distlab.rank_watch), each stuck rank was waited for 2 s.
+# rank stuck in a collective reports it (distlab.warm.watch), each stuck rank was waited for 2 s.
 SOON_S = 1.0
 
 

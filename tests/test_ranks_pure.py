@@ -11,12 +11,12 @@ from fake_kernel import run_cells
 from IPython.core.error import UsageError
 
 import distlab
-from distlab import rank_errors as err
-from distlab import rank_proto as proto
-from distlab.capture import capture
-from distlab.magic import parse_line
-from distlab.rank_group import Conversation, OutputSink
-from distlab.ranks import DEFAULT, build_error, definition_unit
+from distlab.capture.collect import capture
+from distlab.warm import errors as err
+from distlab.warm import proto
+from distlab.warm.group import Conversation, OutputSink
+from distlab.warm.magic import parse_line
+from distlab.warm.ranks import DEFAULT, build_error, definition_unit
 
 
 def run_compiled(source, filename="Cell In[7]"):
@@ -98,7 +98,7 @@ def test_shown_stands_for_a_value_by_its_repr_and_pickles():
 
 
 def test_a_value_the_kernel_cannot_load_spoils_only_itself():
-    missing = pickle.dumps(proto.Shown("x")).replace(b"distlab.rank_proto", b"distlab.nowhere___")
+    missing = pickle.dumps(proto.Shown("x")).replace(b"distlab.warm.proto", b"distlab.nowhere___")
     shown = proto.load_value(missing)
     assert isinstance(shown, proto.Shown) and repr(shown).startswith("<a value this kernel cannot load: ")
     assert "ModuleNotFoundError" in repr(shown)
@@ -122,26 +122,28 @@ DUMP = """Thread 0x00007f01 (most recent call first):
 Current thread 0x00007f02 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
   File "Cell In[5]", line 3 in <module>
-  File "/src/distlab/rank_loop.py", line 120 in _exec
+  File "/src/distlab/warm/loop.py", line 120 in _exec
   File "<string>", line 1 in <module>
 """
 
 
 def test_clean_stack_keeps_the_users_frames_only():
-    text = proto.clean_stack(DUMP, ("distlab/rank_loop.py", "distlab/worker.py"))
+    from distlab.warm.group import rank_stack
+
+    text = rank_stack(DUMP)
     assert text == ('File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
                     'File "Cell In[5]", line 3 in <module>')
 
 
 FORKED_DUMP = """Thread 0x00007f03 (most recent call first):
-  File "/src/distlab/rank_watch.py", line 44 in _watch
+  File "/src/distlab/warm/watch.py", line 44 in _watch
   File "/usr/lib/python3.11/threading.py", line 982 in run
 
 Current thread 0x00007f04 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
   File "Cell In[3]", line 2 in <module>
-  File "/src/distlab/rank_loop.py", line 120 in _exec
-  File "/src/distlab/_forkwarm.py", line 37 in run_warm_rank
+  File "/src/distlab/warm/loop.py", line 120 in _exec
+  File "/src/distlab/warm/forked.py", line 37 in run_warm_rank
   File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run
   File "/usr/lib/python3.11/multiprocessing/process.py", line 314 in _bootstrap
   File "/usr/lib/python3.11/multiprocessing/spawn.py", line 135 in _main
@@ -150,12 +152,12 @@ Current thread 0x00007f04 (most recent call first):
 """
 
 
-SPARE_FRAMES = """  File "/src/distlab/_spare_rank.py", line 44 in become_rank
-  File "/src/distlab/_spare_rank.py", line 71 in wait_then_run
-  File "/src/distlab/_forkserver_main.py", line 201 in _in_child
-  File "/src/distlab/_forkserver_main.py", line 167 in add_spare
-  File "/src/distlab/_forkserver_main.py", line 112 in serve
-  File "/src/distlab/_forkserver_main.py", line 230 in main
+SPARE_FRAMES = """  File "/src/distlab/forkserver/spare.py", line 44 in become_rank
+  File "/src/distlab/forkserver/spare.py", line 71 in wait_then_run
+  File "/src/distlab/forkserver/server.py", line 201 in _in_child
+  File "/src/distlab/forkserver/server.py", line 167 in add_spare
+  File "/src/distlab/forkserver/server.py", line 112 in serve
+  File "/src/distlab/forkserver/server.py", line 230 in main
   File "<string>", line 1 in <module>
 """
 
@@ -165,9 +167,9 @@ SPARE_DUMP = FORKED_DUMP.split('  File "/usr/lib/python3.11/multiprocessing/fork
 
 @pytest.mark.parametrize("dump", [FORKED_DUMP, SPARE_DUMP], ids=["forked-on-request", "spare"])
 def test_clean_stack_of_a_forked_rank_drops_the_fork_and_the_interrupt_watch(dump):
-    from distlab.rank_group import RUNTIME_FILES
+    from distlab.warm.group import rank_stack
 
-    assert proto.clean_stack(dump, RUNTIME_FILES) == (
+    assert rank_stack(dump) == (
         'File "torch/distributed/distributed_c10d.py", line 3252 in all_reduce\nFile "Cell In[3]", line 2 in <module>')
 
 

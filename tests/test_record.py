@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from distlab import engine, record
-from distlab.display import WidgetView
 from distlab.errors import INTERRUPTED, RunInterrupted, WorkerFailedError, WorkerTimeoutError
+from distlab.launch import engine
 from distlab.results import RunResult
+from distlab.view import record
+from distlab.view.display import WidgetView
 
 
 class Blocks(HTMLParser):
@@ -301,7 +302,7 @@ def test_an_engine_without_finish_still_leaves_a_record(widget_view):
 
 
 def test_a_copy_of_the_output_so_far_sits_under_the_widgets_for_a_notebook_saved_mid_run(widget_view):
-    from distlab.display import SNAPSHOT_S
+    from distlab.view.display import SNAPSHOT_S
 
     view, shower, clock = widget_view
     (widget, live_id), (copy, saved_id) = shower.shown

@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from distlab import engine
 from distlab.errors import RunFolderError
-from distlab.runfolder import RunFolder, check_private_file, private_root, prune, rank_of
+from distlab.folders import private
+from distlab.folders.private import check_private_file, private_root
+from distlab.folders.runfolder import RunFolder, prune, rank_of
+from distlab.launch import engine
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ def test_a_root_that_is_not_private_is_refused_with_a_clear_error(tmp_root, make
 
 
 def test_a_root_of_another_uid_names_both_owners(tmp_root):
-    from distlab.runfolder import check_private_dir
+    from distlab.folders.private import check_private_dir
 
     root = tmp_root / "theirs"
     root.mkdir(mode=0o700)
@@ -80,27 +82,27 @@ def test_a_root_of_another_uid_names_both_owners(tmp_root):
 
 
 def test_a_folder_you_may_not_look_at_or_create_is_refused_with_its_reason(tmp_root, monkeypatch):
-    from distlab import runfolder
+    from distlab.folders import runfolder
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(runfolder.os, "mkdir", denied)
     with pytest.raises(RunFolderError) as e:
-        runfolder.private_root(tmp_root / "runs")
+        private.private_root(tmp_root / "runs")
     assert f"{tmp_root / 'runs'}" in str(e.value)
     assert "you cannot create it (Permission denied)" in str(e.value)
     assert str(e.value).endswith("Set DISTLAB_RUNS to a folder of yours.")
     monkeypatch.undo()
-    monkeypatch.setattr(runfolder.os, "lstat", denied)
+    monkeypatch.setattr(private.os, "lstat", denied)
     with pytest.raises(RunFolderError) as e:
-        runfolder.check_private_dir(tmp_root)
+        private.check_private_dir(tmp_root)
     assert "you may not even look at it (Permission denied)" in str(e.value)
     assert str(e.value).endswith("It belongs to someone else: set DISTLAB_RUNS to a folder of yours.")
 
 
 def test_open_private_appends_or_truncates_and_never_follows_a_link(tmp_path):
-    from distlab.runfolder import open_private
+    from distlab.folders.private import open_private
 
     path = tmp_path / "log"
     with open_private(path) as f:
@@ -139,7 +141,7 @@ def test_a_root_below_a_folder_others_can_write_without_sticky_bit_is_refused(tm
 
 
 def test_files_distlab_writes_are_private(tmp_root):
-    from distlab.runfolder import open_private, write_private
+    from distlab.folders.private import open_private, write_private
 
     folder = RunFolder.create("demo")
     write_private(folder.run_json, "{}")
@@ -226,7 +228,7 @@ def test_a_run_is_as_young_as_its_newest_metrics_file_or_attempt_folder(tmp_path
 
 
 def test_creating_a_run_prunes_old_ones(tmp_root, monkeypatch):
-    monkeypatch.setattr("distlab.runfolder.PRUNE_EVERY_S", 0)
+    monkeypatch.setattr("distlab.folders.runfolder.PRUNE_EVERY_S", 0)
     root = private_root()
     stale = root / "20200101-000000-stale-x"
     stale.mkdir()
@@ -239,7 +241,7 @@ def test_creating_a_run_prunes_old_ones(tmp_root, monkeypatch):
 
 
 def test_a_process_prunes_a_root_on_its_first_run_then_at_most_every_ten_minutes(tmp_root, monkeypatch):
-    from distlab import runfolder
+    from distlab.folders import runfolder
 
     calls = []
     monkeypatch.setattr(runfolder, "prune", lambda root: calls.append(root))
@@ -278,7 +280,7 @@ def test_a_temp_root_someone_else_created_first_falls_back_to_the_cache_folder(t
 def test_the_walk_to_the_root_names_every_link_and_its_owner():
     """``follow_links`` on a made-up file system: absolute and relative links, ``..`` after a link,
     parts that do not exist yet."""
-    from distlab.runfolder import follow_links
+    from distlab.folders.private import follow_links
 
     links = {"/a/l1": ("/b/c", 1001), "/b/c/l2": ("../d", 0)}
 

@@ -9,7 +9,7 @@ import pytest
 from fake_kernel import run_cells
 
 from distlab.api import write_script
-from distlab.capture import capture
+from distlab.capture.collect import capture
 
 pytestmark = pytest.mark.slow
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -94,7 +94,7 @@ def test_a_hand_run_scripts_ranks_keep_gloo_and_nccl_on_loopback(tmp_path):
         out = _run([sys.executable, path.name], tmp_path)
     finally:
         os.environ.update(saved)
-    from distlab.worker import _loopback_interface
+    from distlab.worker import loopback_interface
 
-    lo = _loopback_interface()
+    lo = loopback_interface()
     assert f"[rank0] returned ({lo!r}, {lo!r})" in out and f"[rank1] returned ({lo!r}, {lo!r})" in out

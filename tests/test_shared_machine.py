@@ -14,9 +14,10 @@ from fake_kernel import run_cells
 from second_user import OTHER, as_other, other_python
 
 import distlab
-from distlab import engine, privtmp
 from distlab.errors import RunFolderError
-from distlab.runfolder import RunFolder
+from distlab.folders import private
+from distlab.folders.runfolder import RunFolder
+from distlab.launch import engine
 
 CELLS = run_cells(
     """
@@ -69,7 +70,7 @@ def test_a_root_owned_by_someone_else_is_a_clear_error_not_a_permission_error(ot
         "import sys, types\n"
         f"pkg = types.ModuleType('distlab'); pkg.__path__ = [{str(readable_src / 'distlab')!r}]; "
         "sys.modules['distlab'] = pkg\n"
-        "from distlab.runfolder import RunFolder\n"
+        "from distlab.folders.runfolder import RunFolder\n"
         "from distlab.errors import RunFolderError\n"
         "print('OWN:', RunFolder.create('x').path)\n"
         "try:\n"
@@ -127,5 +128,5 @@ def test_another_user_can_neither_read_nor_plant_anything_in_a_run(other_user, s
     assert torch.equal(res.returns[0], torch.full((3,), 2.0))
     assert "secret output" in (run / "logs/attempt0/rank0.out").read_text()
     others = [p for p in root.iterdir() if p.name != run.name]  # at most this process's private temp folder
-    assert all(p.name.startswith(privtmp.folder_prefix(os.getpid())) and stat.S_IMODE(p.stat().st_mode) == 0o700
+    assert all(p.name.startswith(private.folder_prefix(os.getpid())) and stat.S_IMODE(p.stat().st_mode) == 0o700
                for p in others), others

@@ -26,7 +26,8 @@ from fake_kernel import run_cells
 from second_user import as_other, other_python, start_as_other, stop_other, write_readable
 
 import distlab
-from distlab import forkserver, privtmp, runfolder
+from distlab.folders import private, runfolder
+from distlab.forkserver import client as forkserver
 
 pytestmark = pytest.mark.slow
 
@@ -229,7 +230,8 @@ def test_the_forkserver_serves_only_your_own_uid(other_user, shared_tmp, attacke
 
 
 def test_a_forkserver_with_an_abstract_socket_is_refused_once_with_its_reason(monkeypatch):
-    from distlab import forklaunch, peercred
+    from distlab.forkserver import elastic as forklaunch
+    from distlab.forkserver import peercred
 
     monkeypatch.setattr(forklaunch, "_REFUSAL_SAID", [])
     reason = peercred.abstract_socket_reason("\0listener-1")  # what CPython 3.11.0 would give
@@ -270,7 +272,7 @@ def our_processes() -> set[int]:
 def test_no_loopback_port_of_a_run_or_of_warm_ranks_answers_a_store_client(other_user, shared_tmp, attacker_files):
     from datetime import timedelta
 
-    from distlab.rendezvous import loopback_store
+    from distlab.rendezvous.loopback import loopback_store
 
     probe = f"{other_python()} {attacker_files['store_probe']}"
     control = loopback_store(0, 1, timedelta(seconds=30), wait_for_workers=False)  # a store that does answer
@@ -346,8 +348,8 @@ def test_a_killed_kernel_leaves_nothing_in_the_shared_temp_dir(shared_tmp):
             kernel.kill()
     root = shared_tmp / f"distlab-{os.getuid()}"
     assert sorted(p.name for p in shared_tmp.iterdir() if p.name != "root-cache") == [root.name]
-    stale = [p for p in root.iterdir() if p.name.startswith(privtmp.PREFIX)]
-    assert stale and all(p.name.startswith(privtmp.folder_prefix(kernel.pid)) for p in stale)  # the dead kernel's
+    stale = [p for p in root.iterdir() if p.name.startswith(private.PREFIX)]
+    assert stale and all(p.name.startswith(private.folder_prefix(kernel.pid)) for p in stale)  # the dead kernel's
     runfolder._LAST_PRUNE.clear()
     runfolder.RunFolder.create("next")  # the next run's pruning removes the dead kernel's folder
     assert not any(p.exists() for p in stale)

@@ -12,8 +12,9 @@ from fake_kernel import run_cells
 from second_user import OTHER, other_python, start_as_other, stop_other, write_readable
 
 import distlab
-from distlab import rendezvous, worker
+from distlab import worker
 from distlab.errors import RendezvousError
+from distlab.rendezvous import loopback as rendezvous
 
 CELLS = run_cells(
     """

@@ -317,7 +317,7 @@ def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, mo
 def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared_tmp):
     """A cluster (or a user's shell) may hand tasks TMPDIR=/tmp: the rank's tempfile (torch's
     pytorch-errorfile-*.pickle, read back by its launcher) must still go to a private folder."""
-    from distlab.runfolder import RunFolder
+    from distlab.folders.runfolder import RunFolder
 
     root = tmp_path / "runs"
     root.mkdir(mode=0o700)
@@ -349,7 +349,7 @@ def test_a_multi_node_store_listens_on_the_endpoint_address_only():
     import torch.distributed as dist
     from torch.distributed.elastic.rendezvous import RendezvousParameters, c10d_rendezvous_backend
 
-    from distlab.rendezvous import bind_loopback
+    from distlab.rendezvous.loopback import bind_loopback
     from distlab.slurm import bound
 
     plain = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5))
@@ -389,8 +389,8 @@ dist.destroy_process_group()
 def test_multi_node_entry_points_bind_their_stores(tmp_path):
     """The commands a multi-node job runs (torchrun through distlab.slurm.bound; a tasks-mode rank through
     distlab.slurm.rank), run here as one node: no store or agent listens beyond the endpoint's address."""
-    from distlab.rendezvous import bind_loopback
-    from distlab.runfolder import RunFolder
+    from distlab.folders.runfolder import RunFolder
+    from distlab.rendezvous.loopback import bind_loopback
 
     target = tmp_path / "target.py"
     target.write_text(LISTENERS)

@@ -62,7 +62,7 @@ def test_one_node_scripts_open_no_rendezvous_port(mode):
 def test_one_node_ranks_meet_in_a_file_per_attempt():
     assert rank.single_node_environment(3) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
                                                "TORCHELASTIC_RESTART_COUNT": "3"}
-    from distlab.rendezvous import PLACEHOLDER_PORT
+    from distlab.rendezvous.loopback import PLACEHOLDER_PORT
 
     assert rank.PLACEHOLDER_PORT == str(PLACEHOLDER_PORT)
     assert rank.parse_args(["--nproc-per-node", "2", "t.py", "-x"]) == (2, ["t.py", "-x"])

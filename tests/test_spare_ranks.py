@@ -11,15 +11,16 @@ import pytest
 from procs import running
 
 import distlab
-from distlab import _forkserver_main as server_main
-from distlab import forkserver, launchmode
+from distlab.forkserver import client as forkserver
+from distlab.forkserver import mode as launchmode
+from distlab.forkserver import server as server_main
 from distlab.teach import failures
 
 SPARE = forkserver.SPARE_NAME
 
 
 def test_every_module_names_an_idle_spare_alike():
-    from distlab import _spare_rank
+    from distlab.forkserver import spare as _spare_rank
 
     assert forkserver.SPARE_NAME == launchmode.SPARE_NAME == _spare_rank.SPARE_NAME.decode()
     assert len(_spare_rank.SPARE_NAME) <= 15  # what Linux keeps of a process name
@@ -144,7 +145,7 @@ def test_a_spare_killed_after_it_was_handed_a_rank_but_before_it_said_so_never_f
 
 @pytestmark_linux
 def test_a_spare_says_it_holds_the_fds_and_tells_its_exit_code_only_once_the_client_has_its_pid():
-    from distlab import _spare_rank
+    from distlab.forkserver import spare as _spare_rank
 
     def tell_if_told(answer: bytes) -> int:
         """A spare whose rank returns 7; the server answers ``answer`` (b"": it goes away)."""
@@ -185,7 +186,7 @@ def _server_with_pending_spare(pid: int):
 def test_a_spare_that_answered_and_ended_before_the_answer_was_read_gets_its_pid_then_its_status_told():
     from multiprocessing import forkserver as mp_forkserver
 
-    from distlab import _spare_rank
+    from distlab.forkserver import spare as _spare_rank
 
     server, spare, theirs, status_r, data_w = _server_with_pending_spare(pid=4242)
     theirs.sendall(_spare_rank.HOLDS)
@@ -227,7 +228,7 @@ def test_an_idle_spare_ignores_ctrl_c_and_is_not_a_leftover_worker():
 
 KERNEL = """
 import os, sys, time, psutil, distlab
-from distlab import forkserver
+from distlab.forkserver import client as forkserver
 
 def my_pid(rank):
     import os
@@ -256,7 +257,7 @@ def test_the_environment_sets_how_many_spares_a_new_server_keeps(tmp_path, value
 def test_a_rank_tells_its_exit_code_on_the_status_pipe():
     from multiprocessing import forkserver as mp_forkserver
 
-    from distlab import _spare_rank
+    from distlab.forkserver import spare as _spare_rank
 
     r, w = os.pipe()
     try:
@@ -384,7 +385,7 @@ def _spare_with(rank, after=lambda: None, answer=b"r"):
     import socket
     from multiprocessing import reduction
 
-    from distlab import _spare_rank
+    from distlab.forkserver import spare as _spare_rank
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe()
@@ -396,7 +397,7 @@ def _spare_with(rank, after=lambda: None, answer=b"r"):
             ours.close()
             _spare_rank.warm_up = lambda server_pid: None
             _spare_rank.become_rank = rank
-            _spare_rank.TELL_EXIT_EARLY = True
+            _spare_rank.tell_exit_early()
             code = _spare_rank.wait_then_run(theirs, os.getppid(), {}, 8, _spare_rank.process_name())
             after()
         finally:

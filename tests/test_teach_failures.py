@@ -207,7 +207,7 @@ def test_multiprocessing_resource_tracker_is_not_a_worker():
 @pytest.mark.slow
 def test_open_warm_ranks_are_kept_on_purpose_and_forgotten_ones_are_workers(monkeypatch):
     import distlab
-    from distlab import ranks as ranks_module
+    from distlab.warm import ranks as ranks_module
 
     with distlab.Ranks(2, backend="gloo") as ranks:
         assert lab.worker_processes() == []  # warm ranks live from cell to cell by design

@@ -1,7 +1,7 @@
 """The text view's progress bar: rank 0's step/total rows drive one tqdm bar on stderr."""
 import io
 
-from distlab.display import TextView
+from distlab.view.display import TextView
 
 
 def test_lines_are_prefixed_with_their_rank():

@@ -1,20 +1,24 @@
 """The front ends: ``spawn`` (mp.spawn's signature), ``launch`` (torchrun style), ``run_script``.
 
 Each validates its arguments, writes what the ranks will run into a fresh run folder, and hands
-an :class:`~distlab.engine.Plan` to the one engine.
+an :class:`~distlab.launch.engine.Plan` to the one engine.
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
-from . import capture, config, engine, launchmode, origins, script
-from .compat import check_torch
-from .display import make_view
-from .errors import LaunchArgumentError
-from .results import RunResult
-from .runfolder import RunFolder, open_private, write_private
+from distlab import config
+from distlab.capture import collect as capture
+from distlab.capture import origins, script
+from distlab.errors import LaunchArgumentError
+from distlab.folders.private import open_private, write_private
+from distlab.folders.runfolder import RunFolder
+from distlab.forkserver import mode as launchmode
+from distlab.launch import engine
+from distlab.launch.compat import check_torch
+from distlab.results import RunResult
+from distlab.view.display import make_view
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
@@ -25,7 +29,7 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
     ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
     ``start``: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
     CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
-    (see :mod:`distlab.launchmode`).
+    (see :mod:`distlab.forkserver.mode`).
     """
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start)
@@ -76,7 +80,6 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
         plain_python=mode == "python", rdzv_id=rdzv_id,
     )
     return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
-
 
 
 def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto"):
@@ -165,26 +168,3 @@ class PendingRun:
         return self._done.wait(timeout)
 
 
-def device(rank: int | None = None, world_size: int | None = None):
-    """``cuda:<local rank>`` when every rank can own a GPU (the NCCL case), else ``cpu``;
-    ``DISTLAB_DEVICE=cuda`` puts every rank on a GPU (all on ``cuda:0`` with one GPU, through gloo),
-    ``DISTLAB_DEVICE=cpu`` on the CPU.
-
-    In a worker the defaults come from torchrun's variables; in the kernel pass ``world_size`` (the
-    ranks you will launch): without it the kernel counts as a world of one, which a single GPU fits."""
-    import torch
-
-    local = int(os.environ.get("LOCAL_RANK", "0")) if rank is None else int(rank)
-    if world_size is None:
-        world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", local + 1)))
-    return torch.device(config.choose_device(local, world_size, config.cuda_device_count()))
-
-
-def backend(world_size: int | None = None) -> str:
-    """The backend ``auto`` picks here: NCCL with one GPU per rank on this machine, else gloo
-    (always gloo under ``DISTLAB_DEVICE=cpu`` or ``cuda``).
-
-    Inside a multi-node run only this node's ranks (LOCAL_WORLD_SIZE) need a GPU here."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
-    world = int(local) if world_size is None else world_size
-    return config.choose_backend("auto", world, config.cuda_device_count())

@@ -1,4 +1,4 @@
-"""Pure launch configuration: argument checks and backend choice.
+"""Launch configuration: argument checks, backend and device choice.
 
 Nothing here starts a process or opens a socket, so every rule is unit-testable and
 bad arguments fail before any worker exists.
@@ -11,7 +11,7 @@ import numbers
 import os
 import re
 
-from .errors import LaunchArgumentError
+from distlab.errors import LaunchArgumentError
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -187,3 +187,29 @@ def check_script_args(args) -> list[str]:
         raise LaunchArgumentError("args", args, f"{bad[0]!r} is not a string, number or path",
                                   "Each item becomes one command-line word.")
     return [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+
+
+
+def device(rank: int | None = None, world_size: int | None = None):
+    """``cuda:<local rank>`` when every rank can own a GPU (the NCCL case), else ``cpu``;
+    ``DISTLAB_DEVICE=cuda`` puts every rank on a GPU (all on ``cuda:0`` with one GPU, through gloo),
+    ``DISTLAB_DEVICE=cpu`` on the CPU.
+
+    In a worker the defaults come from torchrun's variables; in the kernel pass ``world_size`` (the
+    ranks you will launch): without it the kernel counts as a world of one, which a single GPU fits."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0")) if rank is None else int(rank)
+    if world_size is None:
+        world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", local + 1)))
+    return torch.device(choose_device(local, world_size, cuda_device_count()))
+
+
+def backend(world_size: int | None = None) -> str:
+    """The backend ``auto`` picks here: NCCL with one GPU per rank on this machine, else gloo
+    (always gloo under ``DISTLAB_DEVICE=cpu`` or ``cuda``).
+
+    Inside a multi-node run only this node's ranks (LOCAL_WORLD_SIZE) need a GPU here."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    world = int(local) if world_size is None else world_size
+    return choose_backend("auto", world, cuda_device_count())

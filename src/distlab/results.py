@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runfolder import ATTEMPT, RunFolder, check_private_file
+from distlab.folders.private import check_private_file
+from distlab.folders.runfolder import ATTEMPT, RunFolder
 
 
 @dataclass

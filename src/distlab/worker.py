@@ -1,6 +1,6 @@
 """The runtime inside every worker process.
 
-distlab starts each rank as ``python -m distlab._start RUN_JSON TARGET [ARGS...]``. This
+distlab starts each rank as ``python -m distlab.launch.rank RUN_JSON TARGET [ARGS...]``. This
 module installs what makes a worker observable and safe (stack dumps on SIGUSR1, exit when
 the launching kernel dies, precise error files), then runs TARGET as ``__main__`` exactly as
 ``python TARGET`` would. Generated scripts end with ``worker.main(fn, ...)``, which calls
@@ -25,7 +25,8 @@ import time
 import traceback
 from pathlib import Path
 
-from .runfolder import RunFolder, check_private_file, open_private, store_name, write_private
+from distlab.folders.private import check_private_file, open_private, write_private
+from distlab.folders.runfolder import RunFolder, store_name
 
 _RUN: dict | None = None  # the launcher's run config when started by distlab, else None
 _METRICS = None  # open metrics file of this rank
@@ -52,12 +53,12 @@ def _install(run: dict) -> None:
     stacks = open_private(_folder().stack(rank), "w")  # kept open for the signal handler
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     write_private(_folder().ready(rank), str(os.getpid()))  # SIGUSR1 is safe from now on
-    _die_with_parent(run["parent_pid"])
-    from . import retired_groups
+    die_with_parent(run["parent_pid"])
+    from distlab.rendezvous import retired_groups
 
     retired_groups.install()  # a destroyed gloo group closes with the rank: 20 ms less per run
     if run["single_node"]:  # keep gloo's and NCCL's own sockets on loopback too
-        os.environ.update(loopback_socket_vars(os.environ, _loopback_interface()))
+        os.environ.update(loopback_socket_vars(os.environ, loopback_interface()))
         _private_rendezvous(_folder(), int(os.environ["MASTER_PORT"]))
 
 
@@ -72,7 +73,7 @@ def loopback_socket_vars(env, loopback: str) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _loopback_interface() -> str:
+def loopback_interface() -> str:
     """The loopback interface's name (the forkserver looks it up once for all its ranks)."""
     import psutil
 
@@ -82,7 +83,7 @@ def _loopback_interface() -> str:
     return "lo"
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """A killed kernel cannot stop its workers, so each worker is tied to its parent's life.
 
     On Linux the kernel delivers SIGKILL when the parent goes (works even on a stopped or hung
@@ -106,7 +107,7 @@ _WATCHDOG: dict[int, int] = {}  # pid -> the parent its watchdog thread watches 
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """The portable half of _die_with_parent: leave once re-parented (the parent is gone)."""
+    """The portable half of die_with_parent: leave once re-parented (the parent is gone)."""
     while os.getppid() == parent_pid:
         time.sleep(0.25)
     print(f"distlab: rank {rank_from_env()}: launcher process {parent_pid} is gone, exiting.", file=sys.stderr)
@@ -158,7 +159,7 @@ def _file_store(folder: RunFolder, call: int, world_size, timeout):
     store.set_timeout(timeout)
     if _cuda_built():
         return store
-    from .prompt_store import prompt_store  # a torch without CUDA: see that module for why
+    from distlab.rendezvous.prompt_store import prompt_store  # a torch without CUDA: see that module for why
 
     return prompt_store(store)
 
@@ -175,8 +176,8 @@ def _check_listener_is_ours(port: int, rank: int) -> None:
     would see (and could forge) this run's rendezvous. Checked twice: the table of listeners
     before connecting (a squatter is never even connected to), then the process that accepted a
     connection of ours (a listener that came after the look, or one the table did not show)."""
-    from .errors import PORT_SQUATTED, RendezvousError
-    from .rendezvous import connected_uid, listener_uid
+    from distlab.errors import PORT_SQUATTED, RendezvousError
+    from distlab.rendezvous.loopback import connected_uid, listener_uid
 
     for _ in range(600):  # rank 0 may not listen yet: wait for a listener (at most ~60 s)
         uid = listener_uid(port)
@@ -194,7 +195,7 @@ def _user_port_store(port: int, world_size, timeout, use_libuv: bool = True, *ar
     (torch then reuses its multi-tenant server, which is this loopback one)."""
     import errno
 
-    from .rendezvous import loopback_store
+    from distlab.rendezvous.loopback import loopback_store
 
     try:
         return loopback_store(port, world_size, timeout, multi_tenant=True, use_libuv=use_libuv)
@@ -203,8 +204,8 @@ def _user_port_store(port: int, world_size, timeout, use_libuv: bool = True, *ar
             raise
         if _serving(port):
             return None
-        from .errors import PORT_IN_USE, PortInUseError
-        from .rendezvous import port_holder
+        from distlab.errors import PORT_IN_USE, PortInUseError
+        from distlab.rendezvous.loopback import port_holder
 
         raise PortInUseError(PORT_IN_USE.format(rank=0, port=port, holder=port_holder(port))) \
             from None  # the bare OSError named neither the port nor who holds it
@@ -220,9 +221,9 @@ def _serving(port: int) -> bool:
 def user_traceback(exc: BaseException) -> str:
     """The traceback without distlab's and runpy's frames: only the learner's code is shown."""
     frames = traceback.extract_tb(exc.__traceback__)
-    runtime = ("distlab/worker.py", "distlab/_start.py", "runpy.py", "<frozen runpy>")
+    runtime = ("distlab/worker.py", "distlab/launch/rank.py", "runpy.py", "<frozen runpy>")
     keep = [f for f in frames if not f.filename.endswith(runtime)]
-    from .origins import format_frames  # liveview: frames of notebook code also name their cell
+    from distlab.capture.origins import format_frames  # liveview: frames of notebook code also name their cell
 
     text = "Traceback (most recent call last):\n" + format_frames(keep or frames, _SCRIPT)
     return text + "".join(traceback.format_exception_only(type(exc), exc))
@@ -248,10 +249,10 @@ def script_with_origins(target: str, run_dir: str) -> str | None:
 
 
 def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
-    """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab._start``).
+    """Install the runtime from RUN_JSON, then run TARGET as ``__main__`` (see ``distlab.launch.rank``).
 
     ``parent_pid``: the process to live and die with when it is not the launcher's (a rank forked
-    from distlab's forkserver, ``distlab._forkrank``, lives with the server).
+    from distlab's forkserver, ``distlab.forkserver.rank``, lives with the server).
     """
     run = json.loads(Path(argv[0]).read_text())
     if parent_pid is not None:
@@ -323,7 +324,7 @@ def _run_with_group(fn, args, backend: str):
     """torchrun style: the process group is up before ``fn`` runs and torn down after."""
     import torch.distributed as dist
 
-    from .config import choose_backend, cuda_device_count
+    from distlab.config import choose_backend, cuda_device_count
 
     world = int(os.environ["WORLD_SIZE"])
     chosen = choose_backend(backend, world, cuda_device_count())
@@ -350,7 +351,7 @@ def _save_return(rank: int, value) -> None:
         with open_private(tmp, "wb") as f:
             torch.save(value, f)
     except Exception as e:
-        from .errors import CaptureError
+        from distlab.errors import CaptureError
 
         raise CaptureError(f"rank {rank}'s return value ({type(value).__name__})", str(e),
                            "Return plain Python data, numbers or tensors (e.g. loss.item()).") from e
@@ -364,8 +365,8 @@ def _spawn_locally(fn, args, nprocs, style, backend):
     port (a ``MASTER_PORT`` the code sets itself is served on 127.0.0.1 only, as under distlab)."""
     import torch.multiprocessing as mp
 
-    from . import privtmp
-    from .rendezvous import PLACEHOLDER_PORT
+    from distlab.folders import privtmp
+    from distlab.rendezvous.loopback import PLACEHOLDER_PORT
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(PLACEHOLDER_PORT))
@@ -377,8 +378,8 @@ def _spawn_locally(fn, args, nprocs, style, backend):
 
 def _spawned_rank(rank, fn, args, style, backend, stores: str):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    os.environ.update(loopback_socket_vars(os.environ, _loopback_interface()))
-    from .rendezvous import PLACEHOLDER_PORT
+    os.environ.update(loopback_socket_vars(os.environ, loopback_interface()))
+    from distlab.rendezvous.loopback import PLACEHOLDER_PORT
 
     _private_rendezvous(_StoreFolder(stores), PLACEHOLDER_PORT)
     value = main(fn, args, style=style, backend=backend)

@@ -11,7 +11,7 @@ resolve it) and handed to ``TCPStore`` as ``master_listen_fd``. Clients are unch
 
 * ``python -m distlab.slurm.bound torchrun ARGS``: ``torchrun ARGS`` with the c10d backend's store bound
   to the endpoint's address, and the store the agent shares with its workers to the node's address;
-* ``python -m distlab.slurm.bound start RUN_JSON TARGET ARGS``: ``python -m distlab._start ...`` (a rank of a
+* ``python -m distlab.slurm.bound start RUN_JSON TARGET ARGS``: ``python -m distlab.launch.rank ...`` (a rank of a
   ``mode="tasks"`` job) with rank 0's ``env://`` store bound to MASTER_ADDR.
 
 One-node jobs need none of this: they open no rendezvous port at all (:mod:`distlab.slurm.spec`).

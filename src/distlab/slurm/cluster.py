@@ -1,6 +1,6 @@
 """A one-machine Slurm cluster for learning and for tests: munged, slurmctld and slurmd on this host.
 
-Everything lives in one private folder (made by :func:`distlab.runfolder.private_root`'s rules:
+Everything lives in one private folder (made by :func:`distlab.folders.private.private_root`'s rules:
 0700, yours): its own ``slurm.conf`` (every Slurm command finds it through ``SLURM_CONF``), its
 own munge key and socket, state, spool, logs and pid files. Nothing in ``/etc`` is read or changed,
 and a cluster another program runs on this host is never touched: :meth:`LocalCluster.stop` stops
@@ -40,7 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runfolder import PRIVATE_DIR, open_private, private_root, write_private
+from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
+
 from .errors import ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
     PARTITION,
@@ -526,3 +527,12 @@ def _cancel_all(env: dict, grace_s: float) -> None:
             time.sleep(0.1)
     except (subprocess.TimeoutExpired, OSError):
         pass
+
+
+
+def current_cluster():
+    """distlab's one-machine cluster, when it is the one SLURM_CONF points at (else None)."""
+    running = _CURRENT
+    if running is not None and os.environ.get("SLURM_CONF") == str(running.conf) and running.door is not None:
+        return running
+    return None

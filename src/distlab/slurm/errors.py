@@ -5,7 +5,7 @@ Each says what failed, where (which job, which rank) and what to do next, like
 """
 from __future__ import annotations
 
-from ..errors import DistlabError
+from distlab.errors import DistlabError
 
 NOT_FOUND = ("distlab.slurm: {what} not found. {hint}")
 NO_SLURM_HINT = ("Install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client; on a cluster: "

@@ -16,9 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import results
-from ..display import make_view
-from ..runfolder import RunFolder, private_root
+from distlab import results
+from distlab.folders.private import private_root
+from distlab.folders.runfolder import RunFolder
+from distlab.view.display import make_view
+
 from . import commands
 from .commands import JobState
 from .errors import (
@@ -264,7 +266,7 @@ def _exit_time(run_dir: Path, rank: int) -> float:
 
 
 def save_meta(folder: RunFolder, meta: dict) -> None:
-    from ..runfolder import write_private
+    from distlab.folders.private import write_private
 
     write_private(folder.path / META, json.dumps(meta))
 
@@ -277,8 +279,8 @@ def attach(job_id: int, root: Path | None = None) -> SlurmJob:
     numbered jobs alike), the newest submitted under the current SLURM_CONF wins.
     """
     root = private_root(root)
+    from .cluster import current_cluster
     from .jobuser import check_job_folder, records
-    from .submit import current_cluster
 
     local = current_cluster()
     found = []

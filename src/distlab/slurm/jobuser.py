@@ -31,12 +31,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from ..errors import RunFolderError
+from distlab.errors import RunFolderError
+
 from .errors import SlurmArgumentError
 
 #: what the job gets instead of root's own (root's home and runtime folder are closed to the job user)
 # the submitter's own folders, which the job user cannot (and must not) use; the job's own distlab
-# chooses its runs root and torch.compile cache again (distlab.compile_cache)
+# chooses its runs root and torch.compile cache again (distlab.folders.compile_cache)
 DROPPED = ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "DISTLAB_RUNS", "MAIL", "TMPDIR",
            "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
@@ -118,7 +119,7 @@ RECORDS = "submitted"  # in the cluster's private folder: one <job id>.json per 
 def record(cluster_folder: Path, meta: dict) -> None:
     """Keep a job's record (what :func:`distlab.slurm.attach` reads) in the cluster's private folder:
     the run folder belongs to the job user, whose files root must not be made to trust for this."""
-    from ..runfolder import PRIVATE_DIR, write_private
+    from distlab.folders.private import PRIVATE_DIR, write_private
 
     folder = Path(cluster_folder) / RECORDS
     os.makedirs(folder, PRIVATE_DIR, exist_ok=True)

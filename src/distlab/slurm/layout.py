@@ -1,4 +1,4 @@
-"""Where distlab.slurm keeps its own files in a run folder (the rest is :class:`~distlab.runfolder.RunFolder`'s)::
+"""Where distlab.slurm keeps its own files in a run folder (the rest is :class:`~distlab.folders.runfolder.RunFolder`)::
 
     job.sbatch                        the script sbatch received
     slurm-job.json                    job id, world size, target: what attach() reads
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runfolder import RunFolder
+from distlab.folders.runfolder import RunFolder
 
 META = "slurm-job.json"
 SBATCH = "job.sbatch"

@@ -16,7 +16,7 @@ share). For each rank it
 3. gives the rank a private temporary folder (``TMPDIR``, hence ``tempfile``: torch's
    ``pytorch-errorfile-*.pickle`` is read back by its launcher, so it must never sit in a shared
    ``/tmp``): ``tmp/attempt<k>-rank<r>`` in the run folder, 0700;
-4. starts the rank as ``python -m distlab._start`` (distlab's worker runtime: stack dumps on
+4. starts the rank as ``python -m distlab.launch.rank`` (distlab's worker runtime: stack dumps on
    SIGUSR1, return values and ``report()`` rows into the run folder, TARGET run as ``__main__``;
    on several nodes through :mod:`distlab.slurm.bound`, rank 0's store bound to MASTER_ADDR's address)
    with stdout and stderr going to ``logs/attempt<SLURM_RESTART_COUNT>/rank<RANK>.out`` (0600):
@@ -24,7 +24,7 @@ share). For each rank it
 5. waits for it, passing on SIGTERM/SIGINT/SIGHUP (and, as the agent, SIGUSR1/SIGUSR2), and writes its
    exit code to ``rank<RANK>.exit``. The agent stops the node's other ranks once one fails.
 
-Only the standard library and :mod:`distlab.runfolder` are imported: this process stays small.
+Only the standard library and :mod:`distlab.folders.runfolder` are imported: this process stays small.
 """
 from __future__ import annotations
 
@@ -36,12 +36,14 @@ import subprocess
 import sys
 import time
 
-from ..runfolder import PRIVATE_DIR, RunFolder, open_private, write_private
+from distlab.folders.private import PRIVATE_DIR, open_private, write_private
+from distlab.folders.runfolder import RunFolder
+
 from .layout import exit_file, rank_run_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 IGNORED_HERE = (signal.SIGUSR1, signal.SIGUSR2)  # meant for the rank (stack dumps, the job's own handlers)
-PLACEHOLDER_PORT = "1"  # distlab.rendezvous.PLACEHOLDER_PORT: nothing listens there (not imported: stays small)
+PLACEHOLDER_PORT = "1"  # distlab.rendezvous.loopback.PLACEHOLDER_PORT: nothing listens (not imported: stays small)
 STOP_GRACE_S = 5.0
 
 
@@ -100,7 +102,7 @@ def private_tmp(folder: RunFolder, attempt: int, rank: int) -> str:
 
 
 def start_rank(folder: RunFolder, attempt_dir, attempt: int, run: dict, env: dict, argv: list[str]):
-    """Start one rank (``python -m distlab._start``) with its log, run.json and private TMPDIR."""
+    """Start one rank (``python -m distlab.launch.rank``) with its log, run.json and private TMPDIR."""
     rank = int(env["RANK"])
     run = {**run, "parent_pid": os.getpid(), "run_dir": str(folder.path)}
     run_json = rank_run_json(attempt_dir, rank)
@@ -113,9 +115,9 @@ def start_rank(folder: RunFolder, attempt_dir, attempt: int, run: dict, env: dic
 
 
 def start_module(run: dict) -> list[str]:
-    """How a rank starts: ``distlab._start``; on several nodes through :mod:`distlab.slurm.bound`, so that
+    """How a rank starts: ``distlab.launch.rank``; on several nodes through :mod:`distlab.slurm.bound`, so that
     rank 0's ``env://`` store listens on MASTER_ADDR's address only, not on every interface."""
-    return ["-m", "distlab._start"] if run.get("single_node") else ["-m", "distlab.slurm.bound", "start"]
+    return ["-m", "distlab.launch.rank"] if run.get("single_node") else ["-m", "distlab.slurm.bound", "start"]
 
 
 def exit_status(code: int) -> int:

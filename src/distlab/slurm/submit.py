@@ -21,10 +21,14 @@ import time
 from pathlib import Path
 
 import distlab
+from distlab import config
+from distlab.capture import collect as capture
+from distlab.capture import origins
+from distlab.folders.private import PRIVATE_DIR, write_private
+from distlab.folders.runfolder import SUBFOLDERS, RunFolder
 
-from .. import capture, config, origins
-from ..runfolder import PRIVATE_DIR, SUBFOLDERS, RunFolder, write_private
 from . import commands, jobuser, spec
+from .cluster import current_cluster
 from .errors import NOT_FOUND, SlurmArgumentError, SlurmNotFoundError
 from .job import SlurmJob, save_meta
 from .layout import SBATCH, batch_log
@@ -70,16 +74,6 @@ def prepare_folder(job_spec: spec.JobSpec, prepare, root=None, is_file: bool = F
     return folder, account
 
 
-def current_cluster():
-    """distlab's one-machine cluster, when it is the one SLURM_CONF points at (else None)."""
-    from . import cluster
-
-    running = cluster._CURRENT
-    if running is not None and os.environ.get("SLURM_CONF") == str(running.conf) and running.door is not None:
-        return running
-    return None
-
-
 def job_account():
     """The account the job runs as, when distlab's local cluster runs it for root; None: as whoever submits."""
     import pwd
@@ -122,7 +116,7 @@ def check_job(target, args, nodes, ranks_per_node, mode, gpus, cpus, time_limit,
 
 def _function(fn, args, world_size: int, style: str, backend: str):
     """Capture now (a CaptureError names what cannot travel); write the script once the folder exists."""
-    from ..api import write_script
+    from distlab.api import write_script
 
     if style not in ("spawn", "launch"):
         raise SlurmArgumentError("style", style, 'must be "spawn" (fn(rank, *args)) or "launch" (fn(*args))')

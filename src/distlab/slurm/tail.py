@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..runfolder import RunFolder
+from distlab.folders.runfolder import RunFolder
 
 
 class Tail:

@@ -30,7 +30,7 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
     A zombie has exited but was never reaped; it still counts, because a launcher that forgets
     to reap its children leaks them just the same.
     """
-    from distlab import prestart
+    from distlab.forkserver import prestart
 
     prestart.wait()  # a server being started in the background is not a leftover
     try:
@@ -44,9 +44,9 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
 def _warm_rank_pids() -> set[int]:
     """The processes of every open :class:`distlab.Ranks`: kept from cell to cell by design, until
     ``close()`` (after which any that is left counts as a worker like any other)."""
-    from distlab import ranks
+    from distlab.warm import ranks
 
-    return {pid for ref in ranks._current if ref() is not None for pid in ref().pids}
+    return {pid for r in ranks.open_ranks() for pid in r.pids}
 
 
 def _is_multiprocessing_helper(p: psutil.Process) -> bool:
@@ -54,7 +54,7 @@ def _is_multiprocessing_helper(p: psutil.Process) -> bool:
     this process), distlab's forkserver (started by the first launch; the ranks it forks are
     workers) and the server's idle spare ranks live as long as their parent by design; they are
     not workers."""
-    from distlab.launchmode import SPARE_NAME, forkserver_pid
+    from distlab.forkserver.mode import SPARE_NAME, forkserver_pid
 
     server = forkserver_pid()
     if p.pid == server:
@@ -96,7 +96,7 @@ def check_after_every_cell(shell=None) -> list[str]:
     """Record, after every cell the kernel runs from now on, any process left below the kernel.
 
     Registers an IPython ``post_run_cell`` hook and returns the list it appends to
-    (``"cell 7: pid 123 (sleeping): python -u -m distlab._start ..."``), so a notebook can
+    (``"cell 7: pid 123 (sleeping): python -u -m distlab.launch.rank ..."``), so a notebook can
     assert at its end that the list stayed empty.
     """
     if shell is None:

@@ -3,7 +3,8 @@ import contextlib
 import os
 import tempfile
 
-from .. import prestart, privtmp
+from distlab.folders import privtmp
+from distlab.forkserver import prestart
 
 
 @contextlib.contextmanager
@@ -17,7 +18,7 @@ def child_output(fd: int):
 
     Inside the block, temporary files (torch's ``pytorch-errorfile-*.pickle``, which ``mp.spawn``
     later unpickles) go to this process's private folder, and the children get it as ``TMPDIR``
-    (:mod:`distlab.privtmp`): the shared ``/tmp`` would let another user plant that file. The block
+    (:mod:`distlab.folders.privtmp`): the shared ``/tmp`` would let another user plant that file. The block
     first waits for distlab's background start of its server (begun by ``import distlab``), so
     that nothing else of the kernel starts processes while ``fd`` points at the file.
     """

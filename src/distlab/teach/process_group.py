@@ -67,7 +67,7 @@ def port_for_article(port: int = 12355, wait_s: float = 5.0) -> int:
         return port
     except TimeoutError:
         pass
-    from ..rendezvous import port_holder
+    from distlab.rendezvous.loopback import port_holder
 
     other = free_port()
     print(PORT_TAKEN.format(port=port, holder=port_holder(port), other=other))

@@ -1,0 +1,46 @@
+"""distlab: run notebook-defined PyTorch distributed code on N ranks, and see it work.
+
+Front ends: :func:`spawn` (``torch.multiprocessing.spawn``'s signature), :func:`launch`
+(torchrun style) and :func:`run_script`. Inside workers: :func:`report`, :func:`device`.
+Warm ranks kept between cells: :class:`Ranks`, and the ``%%ranks`` magic (``%load_ext distlab``).
+Errors a notebook catches: :class:`DistlabError` and its kinds, launch (``WorkerFailedError``, ...)
+and warm ranks (``RankError``, ``RanksTimeoutError``, ``RanksStoppedError``).
+
+The engine below is one folder per mechanism (``capture``, ``folders``, ``rendezvous``, ``view``,
+``forkserver``, ``launch``, ``warm``); each folder's ``__init__`` says what it does and what it may
+import, and ``pyproject.toml``'s import-linter contracts hold that order.
+"""
+from distlab.api import PendingRun, launch, run_script, spawn
+from distlab.config import backend, device
+from distlab.errors import (
+    CaptureError,
+    DistlabError,
+    LaunchArgumentError,
+    WorkerFailedError,
+    WorkerTimeoutError,
+)
+from distlab.results import RunResult
+from distlab.warm.errors import RankError, RanksStoppedError, RanksTimeoutError
+from distlab.warm.ranks import Ranks
+from distlab.worker import report
+
+__all__ = [
+    "spawn", "launch", "run_script", "device", "backend", "report", "RunResult", "PendingRun", "Ranks",
+    "DistlabError", "LaunchArgumentError", "CaptureError", "WorkerFailedError", "WorkerTimeoutError",
+    "RankError", "RanksTimeoutError", "RanksStoppedError",
+]
+__version__ = "0.1.0"
+
+from distlab.folders import compile_cache as _compile_cache  # noqa: E402
+from distlab.forkserver import prestart as _prestart  # noqa: E402
+
+_compile_cache.use_private_cache()  # torch.compile's generated code: never in a folder another user made
+
+_prestart.maybe_start()  # in a notebook: the forkserver starts now, in the background (DISTLAB_PRESTART=0: not)
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext distlab``: adds the ``%%ranks`` cell magic (see :mod:`distlab.warm.magic`)."""
+    from distlab.warm.magic import register
+
+    register(ipython)

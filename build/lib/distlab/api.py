@@ -1,0 +1,170 @@
+"""The front ends: ``spawn`` (mp.spawn's signature), ``launch`` (torchrun style), ``run_script``.
+
+Each validates its arguments, writes what the ranks will run into a fresh run folder, and hands
+an :class:`~distlab.launch.engine.Plan` to the one engine.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from distlab import config
+from distlab.capture import collect as capture
+from distlab.capture import origins, script
+from distlab.errors import LaunchArgumentError
+from distlab.folders.private import open_private, write_private
+from distlab.folders.runfolder import RunFolder
+from distlab.forkserver import mode as launchmode
+from distlab.launch import engine
+from distlab.launch.compat import check_torch
+from distlab.results import RunResult
+from distlab.view.display import make_view
+
+
+def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
+          view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
+    """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
+
+    ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
+    ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
+    ``start``: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
+    CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
+    (see :mod:`distlab.forkserver.mode`).
+    """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
+    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start)
+
+
+def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
+           timeout: float | None = None, view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
+    """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
+    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``. ``start`` as in :func:`spawn`."""
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
+    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts, start)
+
+
+def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
+               view="auto", max_restarts: int = 0, nnodes: int = 1, node_rank: int = 0,
+               rdzv_endpoint: str = "", rdzv_id: str = "distlab") -> RunResult:
+    """Run a file as a terminal user would.
+
+    ``mode="torchrun"``: like ``torchrun --nproc-per-node N path args`` (RANK etc. set per rank).
+    ``mode="python"``: like ``python path args``: one process; the script starts its own ranks.
+    ``nnodes > 1``: this machine is node ``node_rank`` of a c10d rendezvous at ``rdzv_endpoint``
+    (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``). torch's c10d
+    rendezvous unpickles what it reads from its store, so whoever can reach ``rdzv_endpoint`` can
+    run code as you in the agent process: distlab runs that agent in a child process, never in
+    the notebook's kernel, but use multi-node runs only on a network whose machines you trust.
+    ``timeout`` also bounds the wait for the other nodes.
+    """
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
+    path = Path(path)
+    if not path.is_file():
+        raise LaunchArgumentError("path", str(path), "no such file", "Write the script first, or fix the path.")
+    if mode not in ("torchrun", "python"):
+        raise LaunchArgumentError("mode", mode, 'must be "torchrun" or "python"')
+    nproc = config.check_positive_int("nproc_per_node", nproc_per_node)
+    nnodes = config.check_positive_int("nnodes", nnodes)
+    if mode == "python" and (nproc != 1 or nnodes != 1):
+        raise LaunchArgumentError("nproc_per_node", nproc,
+                                  'must be 1 with mode="python" (the script starts its own ranks)')
+    target_args, timeout = config.check_script_args(args), config.check_timeout(timeout)
+    node_rank = config.check_node_rank(node_rank, nnodes)
+    rdzv_endpoint = config.check_rdzv_endpoint(rdzv_endpoint, nnodes)
+    view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
+    check_torch()
+    plan = engine.Plan(
+        run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
+        target_args=target_args, timeout=timeout,
+        max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        plain_python=mode == "python", rdzv_id=rdzv_id,
+    )
+    return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
+
+
+def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto"):
+    __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
+    start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
+    config.check_function(fn)
+    args = config.check_args(args)
+    nprocs = config.check_positive_int("nprocs", nprocs)
+    timeout = config.check_timeout(timeout)
+    view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
+    config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
+    config.check_device_mode()
+    captured = capture.capture(fn, args)  # raises CaptureError before any process starts
+    check_torch()
+    args = capture.compact(args)  # a small view of a large tensor travels as its own elements
+    run_dir = engine.new_run_dir(captured.entry)
+    path = write_script(run_dir, captured, args, nprocs, style, backend)
+    origins.save(path, getattr(fn, "func", fn).__globals__)  # worker tracebacks name the notebook cell
+    plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
+                       max_restarts=max_restarts, script=path, start=start)
+    if join:
+        return engine.execute(plan, make_view(view, nprocs))
+    return PendingRun(plan, make_view(view, nprocs))
+
+
+def write_script(run_dir: Path, captured, args: tuple, nprocs: int, style: str, backend: str) -> Path:
+    """Write ``<fn>.py`` and, for values that are not source, ``values.pt``/``args.pt`` beside it
+    (files only you can read: the workers run and unpickle them)."""
+    import torch
+
+    folder = RunFolder(run_dir)
+    path = folder.script(captured.entry)
+    write_private(path, script.render(captured, args=args, nprocs=nprocs, style=style, backend=backend,
+                                      filename=path.name))
+    for name, value, needed in (("values", captured.values, bool(captured.values)),
+                                ("args", args, script.needs_args_file(args))):
+        if needed:
+            with open_private(folder.data(name), "wb") as f:
+                torch.save(value, f)
+    return path
+
+
+class PendingRun:
+    """A launch running in a background thread (``join=False``).
+
+    ``join()`` returns its result (or raises its error); a Ctrl-C while waiting leaves the run
+    going and joinable again. ``cancel()`` stops it.
+    """
+
+    def __init__(self, plan: engine.Plan, view):
+        self.plan = plan
+        self._done = threading.Event()  # not Thread.join: a Ctrl-C inside it can corrupt the thread's state
+        self._result = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(view,), daemon=True,
+                                        name=f"distlab-run-{plan.run_id}")
+        self._thread.start()
+
+    def _run(self, view) -> None:
+        try:
+            self._result = engine.execute(self.plan, view)
+        except BaseException as e:  # handed to join()
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> RunResult:
+        __tracebackhide__ = True  # IPython shows the learner's cell, not distlab's frames
+        try:
+            finished = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"distlab: stopped waiting; run {self.plan.run_dir} is still running. "
+                                    "Call join() again, or cancel() to stop it.") from None
+        if not finished:
+            raise TimeoutError(f"distlab: run {self.plan.run_dir} still running after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def cancel(self, timeout: float | None = 60) -> bool:
+        """Stop every rank of this run; returns once it has ended (True) or after ``timeout``.
+        ``join()`` then raises :class:`~distlab.errors.RunCancelledError` (unless it had finished)."""
+        self.plan.cancel.set()
+        return self._done.wait(timeout)
+
+

@@ -1,0 +1,120 @@
+"""Jobs on several nodes: the rendezvous store listens on the address the nodes reach it by, not on every
+interface.
+
+torch's ``TCPStore`` server binds every interface (``*:port``) whatever host it is given: torchrun's c10d
+rendezvous store, and rank 0's store for ``init_process_group``'s ``env://``. A job on several nodes has
+to listen for the other nodes, so it trusts the cluster's network (torch's stores have no
+authentication, and torchrun's agent unpickles what it reads from its store). What it need not do is
+listen on the node's *other* networks too (a login-facing or public interface): here the server's
+socket is bound to the endpoint's own address (the first node's name, resolved as the other nodes
+resolve it) and handed to ``TCPStore`` as ``master_listen_fd``. Clients are unchanged.
+
+* ``python -m distlab.slurm.bound torchrun ARGS``: ``torchrun ARGS`` with the c10d backend's store bound
+  to the endpoint's address, and the store the agent shares with its workers to the node's address;
+* ``python -m distlab.slurm.bound start RUN_JSON TARGET ARGS``: ``python -m distlab.launch.rank ...`` (a rank of a
+  ``mode="tasks"`` job) with rank 0's ``env://`` store bound to MASTER_ADDR.
+
+One-node jobs need none of this: they open no rendezvous port at all (:mod:`distlab.slurm.spec`).
+"""
+from __future__ import annotations
+
+import socket
+import sys
+
+
+def resolve(host: str) -> tuple[int, str]:
+    """(address family, address) of ``host``, as the other nodes would reach it (its first address)."""
+    family, _, _, _, addr = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0]
+    return family, addr[0]
+
+
+def bind_to(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``'s address only (port 0: a free one)."""
+    family, address = resolve(host)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does
+        sock.bind((address, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bound_tcpstore(original):
+    """``TCPStore`` whose server (``is_master``: a keyword, or the 4th positional argument) listens on its
+    host's address only; clients and stores given their own ``master_listen_fd`` are passed through."""
+
+    def make(*args, **kwargs):
+        args = list(args)
+        master = kwargs.get("is_master", args[3] if len(args) > 3 else False)
+        if not master or "master_listen_fd" in kwargs:
+            return original(*args, **kwargs)
+        host = kwargs["host_name"] if "host_name" in kwargs else args[0]
+        port = kwargs["port"] if "port" in kwargs else args[1]
+        sock = bind_to(host, int(port))
+        if "port" in kwargs:
+            kwargs["port"] = sock.getsockname()[1]
+        else:
+            args[1] = sock.getsockname()[1]
+        try:
+            store = original(*args, master_listen_fd=sock.fileno(), **kwargs)
+        except BaseException:
+            try:
+                sock.close()
+            except OSError:
+                sock.detach()
+            raise
+        sock.detach()  # the store owns the listening fd now
+        return store
+
+    make.__wrapped__ = original
+    return make
+
+
+def patch(module) -> None:
+    """Make ``module.TCPStore`` (looked up when a store is made) the bound one. Idempotent."""
+    if not hasattr(module.TCPStore, "__wrapped__"):
+        module.TCPStore = bound_tcpstore(module.TCPStore)
+
+
+def patch_torchrun() -> None:
+    """Both servers torchrun's agent may host: the c10d rendezvous store (on the endpoint's address) and
+    the store it shares with its workers (on this node's address, which the workers are given)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous
+
+    patch(c10d_rendezvous_backend)
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    if not hasattr(handler._create_tcp_store_server, "__wrapped__"):
+        store = bound_tcpstore(dist.TCPStore)
+
+        def server(self, master_addr, master_port):
+            return store(host_name=master_addr, port=master_port, is_master=True, multi_tenant=True)
+
+        server.__wrapped__ = handler._create_tcp_store_server
+        handler._create_tcp_store_server = server
+
+
+def main(argv: list[str]) -> None:
+    what, rest = argv[0], argv[1:]
+    if what == "torchrun":
+        from torch.distributed.run import main as torchrun
+
+        patch_torchrun()
+        sys.argv = ["torchrun", *rest]
+        torchrun(rest)
+    elif what == "start":
+        import torch.distributed  # noqa: F401  (the attribute `rendezvous` is a function; use the module)
+
+        patch(sys.modules["torch.distributed.rendezvous"])
+        from distlab.worker import bootstrap
+
+        bootstrap(rest)
+    else:
+        raise SystemExit(f"usage: python -m distlab.slurm.bound torchrun|start ARGS (not {what!r})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

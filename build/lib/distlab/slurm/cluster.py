@@ -1,0 +1,538 @@
+"""A one-machine Slurm cluster for learning and for tests: munged, slurmctld and slurmd on this host.
+
+Everything lives in one private folder (made by :func:`distlab.folders.private.private_root`'s rules:
+0700, yours): its own ``slurm.conf`` (every Slurm command finds it through ``SLURM_CONF``), its
+own munge key and socket, state, spool, logs and pid files. Nothing in ``/etc`` is read or changed,
+and a cluster another program runs on this host is never touched: :meth:`LocalCluster.stop` stops
+only the three daemons this object started (checked by pid *and* start time), after cancelling the
+jobs they still hold. It runs on ``close()``, at interpreter exit, and from a small watchdog
+process when the kernel that started the cluster dies (``kill -9`` included).
+
+Why root: ``slurmd`` starts every job step as the job's user (setuid, setgroups), which only root
+may do, and Debian's Slurm expects to run its daemons as root (CI runs as root). As another user,
+use a real cluster's login node, or a container where you are root.
+
+Who runs the jobs: never root (``DisableRootJobs=YES``). Jobs run as the cluster's *job user*:
+``local_cluster(user=...)``, else the user who became root with ``sudo`` (``SUDO_USER``), else a
+dedicated unprivileged account, ``distlab-job`` (made with ``useradd --system`` if missing, and
+removed with ``userdel`` when the cluster that made it stops, unless another cluster still uses it): a job is
+code a notebook chose to run, and as root any mistake in it, or anyone who reaches a port it opens,
+owns the machine. That user needs a few things of this cluster, in its *door*: a folder made in the
+system's temporary directory (``distlab-slurm-*``), owned by root and the job user's group, mode
+0710 (enter, not list), holding ``slurm.conf`` (0640), munged's socket, slurmd's spool and ``jobs/``
+(root's, 0711), where each job's run folder (the job user's, 0700) goes. Nobody outside that group
+can ask this munged for a credential, so no other user can talk to the daemons; everything else
+(key, state, logs) stays in the private folder.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
+
+from .errors import ClusterError
+from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
+    PARTITION,
+    PROGRAMS,
+    config_text,
+    free_port,
+    install_hint,
+    missing_programs,
+    node_resources,
+)
+
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Daemon:
+    """One process this cluster started: known by pid *and* start time, so a recycled pid is never hit."""
+
+    name: str
+    pid: int
+    started: float
+
+    def alive(self) -> bool:
+        import psutil
+
+        try:
+            p = psutil.Process(self.pid)
+            return abs(p.create_time() - self.started) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+
+JOB_ACCOUNT = "distlab-job"
+
+
+@dataclass
+class LocalCluster:
+    """The running cluster: ``conf`` (its slurm.conf), ``folder``, ``partition``, ``env`` for Slurm commands,
+    ``user`` (who its jobs run as) and ``door`` (the folder that user reaches: conf, munge socket, jobs)."""
+
+    folder: Path
+    door: Path | None = None
+    user: str = JOB_ACCOUNT
+    partition: str = PARTITION
+    daemons: list[Daemon] = field(default_factory=list)
+    watchdog: subprocess.Popen | None = None
+    _old_conf: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return (self.door or self.folder) / "slurm.conf"
+
+    @property
+    def jobs(self) -> Path:
+        """Where the run folders of this cluster's jobs go (root's, 0711; each run folder the job user's, 0700)."""
+        return self.door / "jobs"
+
+    @property
+    def as_job_user(self) -> dict:
+        """``subprocess`` arguments that run a command (``sbatch`` typed by hand) as the job user: root may
+        not submit to this cluster (``DisableRootJobs``)."""
+        pw = pwd.getpwnam(self.user)
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+    def workdir(self, prefix: str = "work-") -> Path:
+        """A fresh working folder that the job user owns (0700) and root may use: for scripts, data and
+        checkpoints that jobs read and write (``os.chdir`` to it from a notebook)."""
+        made = Path(tempfile.mkdtemp(prefix=prefix, dir=self.jobs))
+        pw = pwd.getpwnam(self.user)
+        os.chown(made, pw.pw_uid, pw.pw_gid)
+        return made
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def running(self) -> bool:
+        return any(d.alive() for d in self.daemons)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running() else "stopped"
+        return f"LocalCluster({state}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
+
+    def stop(self) -> None:
+        """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
+        stop_folder(self.folder)
+        if self.watchdog is not None and self.watchdog.poll() is None:
+            self.watchdog.terminate()
+            self.watchdog.wait(5)
+        if os.environ.get("SLURM_CONF") == str(self.conf):
+            if self._old_conf is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = self._old_conf
+        global _CURRENT
+        if _CURRENT is self:
+            _CURRENT = None
+
+    close = stop
+
+
+class ExistingCluster:
+    """A controller that already answered (a real cluster, or one another program runs): not ours to stop."""
+
+    as_job_user: dict = {}  # jobs run as whoever submits them
+    user = None
+
+    def __init__(self, conf: str | None):
+        self.conf, self.folder, self.daemons = conf, None, []
+
+    def __repr__(self) -> str:
+        return f"ExistingCluster(SLURM_CONF={self.conf!r}: a controller answered; distlab started nothing)"
+
+    def running(self) -> bool:
+        return True
+
+    def workdir(self, prefix: str = "work-") -> Path:
+        """A fresh working folder of yours (a real cluster's jobs run as you)."""
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=Path.cwd()))
+
+    def stop(self) -> None:
+        """Nothing to stop: distlab did not start this cluster."""
+
+    close = stop
+
+
+_CURRENT: LocalCluster | None = None
+
+
+def controller_answers(timeout: float = 10) -> bool:
+    """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP."""
+    if shutil.which("scontrol") is None:
+        return False
+    try:
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
+
+
+def local_cluster(root: Path | None = None, use_existing: bool = True,
+                  user: str | None = None) -> LocalCluster | ExistingCluster:
+    """A Slurm cluster to submit to: the one that already answers (``use_existing``), this process's
+    running one-machine cluster, or a new one (SLURM_CONF then points at it) whose jobs run as ``user``
+    (default: ``SUDO_USER``, else the ``distlab-job`` account; never root: see the module docstring).
+
+    Raises :class:`~distlab.slurm.errors.ClusterError` naming the packages to install, or why root
+    is needed. A cluster started here stops on ``close()``, at exit, or by its watchdog when this
+    process dies.
+    """
+    global _CURRENT
+    if _CURRENT is not None and _CURRENT.running():
+        return _CURRENT
+    if use_existing and controller_answers():
+        return ExistingCluster(os.environ.get("SLURM_CONF"))
+    check_can_start()
+    name, create = choose_job_user(user, os.environ)
+    existed = account_exists(name)
+    account = ensure_account(name, create)
+    folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
+    if not existed:  # made for this cluster: it goes when the cluster stops
+        write_private(folder / ACCOUNT_RECORD, name)
+    cluster = LocalCluster(folder=folder, user=account.pw_name, _old_conf=os.environ.get("SLURM_CONF"))
+    try:
+        _start(cluster)
+    except BaseException:
+        stop_folder(folder)
+        raise
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    atexit.register(cluster.stop)
+    _CURRENT = cluster
+    return cluster
+
+
+def choose_job_user(requested: str | None, environ) -> tuple[str, bool]:
+    """(the job user's name, whether distlab may create that account). Pure.
+
+    ``requested`` first; else whoever became root with sudo (``SUDO_USER``: the person at the
+    keyboard); else :data:`JOB_ACCOUNT`, an account that exists only to run this cluster's jobs (a
+    container or CI where everybody is root: nobody to run them as, and root is refused)."""
+    if requested is not None:
+        if requested in ("root", "0"):
+            raise ClusterError("its jobs would run as root", "Name an unprivileged user: local_cluster(user=...).")
+        return requested, False
+    sudo = environ.get("SUDO_USER")
+    if sudo and sudo != "root":
+        return sudo, False
+    return JOB_ACCOUNT, True
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def ensure_account(name: str, create: bool) -> pwd.struct_passwd:
+    """The account ``name``; :data:`JOB_ACCOUNT` is made if missing (a system account: no home, no
+    login shell, its own group). Refuses an account with uid 0."""
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        if not create:
+            raise ClusterError(f"its job user {name!r} does not exist", "Create it, or pass another user=.") from None
+        made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                               "/usr/sbin/nologin", name], capture_output=True, text=True)
+        try:
+            account = pwd.getpwnam(name)
+        except KeyError:
+            raise ClusterError(f"could not create its job user {name!r}: {made.stderr.strip()}",
+                               "Create an unprivileged account and pass it as user=.") from None
+    if account.pw_uid == 0:
+        raise ClusterError(f"its job user {name!r} has uid 0", "Name an unprivileged user: local_cluster(user=...).")
+    return account
+
+
+def check_can_start() -> None:
+    missing = missing_programs()
+    if missing:
+        raise ClusterError(f"these programs are missing: {', '.join(sorted(missing))}", install_hint(missing))
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "it needs root (slurmd starts every job step as the job's user, which only root may do)",
+            "Run as root (as CI does, or in a container), or use a real cluster's login node.")
+
+
+def _start(cluster: LocalCluster) -> None:
+    folder = cluster.folder
+    for sub in ("run", "state", "log", "munge"):
+        os.mkdir(folder / sub, PRIVATE_DIR)
+    cluster.door = make_door(folder, pwd.getpwnam(cluster.user))
+    sock = cluster.door / "munge.sock"
+    cluster.ports = {"ctld": free_port(), "slurmd": free_port()}
+    _write_conf(cluster, sock)
+    _run(["mungekey", "--create", "--keyfile", str(folder / "munge" / "munge.key")], folder)
+    # --force: munged would refuse a socket folder others may enter; only the job user's group can.
+    cluster.daemons.append(_daemon(cluster, "munged", [
+        "munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={folder}/munge/munge.key",
+        f"--log-file={folder}/log/munged.log", f"--pid-file={folder}/run/munged.pid",
+        f"--seed-file={folder}/munge/seed"]))
+    _wait(lambda: sock.exists(), "munged did not create its socket", folder / "log" / "munged.stdout")
+    _start_on_a_free_port(cluster, sock, "slurmctld", ["slurmctld", "-D", "-i"], "ctld",
+                          lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer")
+    _start_on_a_free_port(cluster, sock, "slurmd", ["slurmd", "-D"], "slurmd",
+                          lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"),
+                          "slurmd's node did not become idle")
+    with open_private(folder / "log" / "watchdog.log", "ab") as log:
+        cluster.watchdog = subprocess.Popen(watchdog_argv(os.getpid(), _own_start_time(), folder),
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+DOOR_RECORD = "door"  # in the private folder: where the door is (removed with the cluster)
+ACCOUNT_RECORD = "made-account"  # in the private folder: the job account this cluster created, if it did
+
+
+def make_door(folder: Path, account: pwd.struct_passwd) -> Path:
+    """The folder the job user reaches (see the module docstring): root:<its group> 0710 in the system's
+    temporary directory (short: munged's socket path must fit 107 bytes), with ``spool/`` and ``jobs/``
+    (root's, 0711: the job user enters its own folders there but cannot rename or plant entries)."""
+    door = Path(tempfile.mkdtemp(prefix="distlab-slurm-", dir=system_tmp()))
+    write_private(folder / DOOR_RECORD, str(door))
+    os.chown(door, 0, account.pw_gid)
+    os.chmod(door, 0o710)
+    os.mkdir(door / "spool", 0o711)  # slurmd keeps each job's batch script in a folder of the job's user here
+    os.chmod(door / "spool", 0o711)
+    os.mkdir(door / "jobs", 0o711)  # root's: the job user enters its own folders here, but renames nothing
+    os.chmod(door / "jobs", 0o711)
+    return door
+
+
+def system_tmp() -> str:
+    """A temporary directory every user can enter (``tempfile``'s may be a private folder of this process)."""
+    for candidate in (os.environ.get("TMPDIR"), "/tmp", "/var/tmp", tempfile.gettempdir()):
+        if candidate and os.path.isdir(candidate) and os.stat(candidate).st_mode & 0o001:
+            return candidate
+    raise ClusterError("no temporary directory that other users can enter", "Make /tmp world-enterable (1777).")
+
+
+PORT_TRIES = 4
+
+
+def _write_conf(cluster: LocalCluster, sock: Path) -> None:
+    """The slurm.conf in the door: 0640, root and the job user's group (its srun reads it)."""
+    cpus, memory = node_resources()
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    write_private(cluster.conf, config_text(cluster.folder, socket.gethostname().split(".")[0],
+                                            cluster.ports["ctld"], cluster.ports["slurmd"], user, cpus, memory, sock,
+                                            spool=cluster.door / "spool"))
+    os.chown(cluster.conf, 0, os.stat(cluster.door).st_gid)
+    os.chmod(cluster.conf, 0o640)
+
+
+def _start_on_a_free_port(cluster: LocalCluster, sock: Path, name: str, argv: list[str], port: str, ready,
+                          problem: str) -> None:
+    """Start daemon ``name`` and wait until ``ready()``. A port is picked free, then handed to the daemon:
+    another process (another user's) may bind it in between. A daemon that then dies for want of its
+    port is started again on a new port (the slurm.conf rewritten; slurmctld re-reads it)."""
+    log = cluster.folder / "log" / f"{name}.log"
+    for _ in range(PORT_TRIES):
+        d = _daemon(cluster, name, argv)
+        cluster.daemons.append(d)
+        if _wait(ready, problem, log, alive=d.alive):
+            return
+        cluster.daemons.remove(d)
+        _save(cluster.folder, cluster.daemons)
+        if not lost_its_port(_tail(log) + _tail(cluster.folder / "log" / f"{name}.stdout")):
+            break
+        cluster.ports[port] = free_port()
+        _write_conf(cluster, sock)
+        if name != "slurmctld":
+            _ok(["scontrol", "reconfigure"], cluster.env, b"")
+    raise ClusterError(f"{problem}: it exited", "Its log ends:\n" + "\n".join(_tail(log)))
+
+
+def lost_its_port(lines: list[str]) -> bool:
+    """A daemon's last log lines say that it could not bind its port (another process holds it)."""
+    return any("Address already in use" in line or "Unable to bind listen port" in line for line in lines)
+
+
+def watchdog_argv(pid: int, started: float, folder: Path) -> list[str]:
+    """The watchdog's command line. ``-P``: the current folder (the notebook's, anyone's) is not put first
+    on ``sys.path``, so a ``psutil.py`` or ``distlab/`` planted there is never imported by this process,
+    which runs as root on the local cluster."""
+    return [sys.executable, "-P", "-m", "distlab.slurm.watchdog", str(pid), repr(started), str(folder)]
+
+
+def _own_start_time() -> float:
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def _daemon(cluster: LocalCluster, name: str, argv: list[str]) -> Daemon:
+    import psutil
+
+    with open_private(cluster.folder / "log" / f"{name}.stdout", "ab") as log:
+        p = subprocess.Popen(argv, env=cluster.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True, cwd=cluster.folder)
+    d = Daemon(name, p.pid, psutil.Process(p.pid).create_time())
+    _save(cluster.folder, cluster.daemons + [d])
+    return d
+
+
+def _save(folder: Path, daemons: list[Daemon]) -> None:
+    write_private(folder / "daemons.json", json.dumps([d.__dict__ for d in daemons]))
+
+
+def _run(argv: list[str], folder: Path) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=folder)
+    if done.returncode:
+        raise ClusterError(f"`{' '.join(argv)}` failed: {done.stderr.strip()}", "See the message above.")
+
+
+def _ok(argv: list[str], env: dict, needle: bytes) -> bool:
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0 and needle in done.stdout
+
+
+def _wait(ready, problem: str, log: Path, alive=None) -> bool:
+    """Wait until ``ready()`` (True); False as soon as ``alive()`` says the daemon is gone."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready():
+        if alive is not None and not alive():
+            return False
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{problem} within {START_TIMEOUT_S:.0f} s", "Its log ends:\n" + "\n".join(_tail(log)))
+        time.sleep(0.05)
+    return True
+
+
+def _tail(log: Path, n: int = 8) -> list[str]:
+    return log.read_text(errors="replace").splitlines()[-n:] if log.exists() else []
+
+
+def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
+    """Cancel the cluster's jobs, stop the daemons listed in its ``daemons.json`` (newest first), and
+    remove the folder once none of them runs (the runs root is never pruned of cluster folders)."""
+    import psutil
+
+    path = Path(folder) / "daemons.json"
+    if not path.exists():
+        return
+    daemons = [Daemon(**d) for d in json.loads(path.read_text())]
+    record = Path(folder) / DOOR_RECORD
+    conf = Path(record.read_text()) / "slurm.conf" if record.exists() else Path(folder) / "slurm.conf"
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    if any(d.name == "slurmctld" and d.alive() for d in daemons):
+        _cancel_all(env, grace_s)
+    for d in reversed(daemons):
+        if not d.alive():
+            continue
+        p = psutil.Process(d.pid)
+        p.terminate()
+        try:
+            p.wait(grace_s)
+        except psutil.TimeoutExpired:
+            p.kill()
+            p.wait(grace_s)
+    if any(d.alive() for d in daemons):
+        _save(Path(folder), [d for d in daemons if d.alive()])  # kept, with its logs, for a second try
+        return
+    record = Path(folder) / DOOR_RECORD
+    if record.exists():
+        door = Path(record.read_text())
+        if door.name.startswith("distlab-slurm-") and os.stat(door).st_uid == 0:
+            shutil.rmtree(door, ignore_errors=True)  # the jobs' run folders go with it
+    made = Path(folder) / ACCOUNT_RECORD
+    if made.exists():
+        remove_account(made.read_text().strip())
+    shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
+
+
+def remove_account(name: str) -> bool:
+    """Delete the job account a cluster created (``userdel``), once its files went with the door.
+
+    Kept while another cluster's door still belongs to its group (a second kernel's cluster shares
+    the account; the next cluster to stop removes it). An account made for these jobs runs nothing
+    else, so what it still runs (an ``srun`` outliving its daemons) is stopped first.
+    Returns whether it went."""
+    import psutil
+
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        return False
+    if account.pw_uid == 0 or other_doors(account.pw_gid):
+        return False
+    left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and account.pw_uid in p.info["uids"]]
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(left, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    deadline = time.monotonic() + 10  # userdel refuses while a zombie of it waits to be reaped (by init)
+    while subprocess.run(["userdel", name], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def other_doors(gid: int) -> list[Path]:
+    """Doors of running clusters (``distlab-slurm-*`` in the system's temporary directory) whose job
+    user's group is ``gid``."""
+    found = []
+    for path in Path(system_tmp()).glob("distlab-slurm-*"):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid == 0 and st.st_gid == gid:
+            found.append(path)
+    return found
+
+
+def _cancel_all(env: dict, grace_s: float) -> None:
+    """scancel every job of this cluster and wait (up to ``grace_s``) until none is left running."""
+    try:
+        jobs = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True, timeout=5)
+        ids = jobs.stdout.split()
+        if ids:
+            subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=5)
+        deadline = time.monotonic() + grace_s
+        while ids and time.monotonic() < deadline:
+            left = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True, timeout=5)
+            if not left.stdout.split():
+                break
+            time.sleep(0.1)
+    except (subprocess.TimeoutExpired, OSError):
+        pass
+
+
+
+def current_cluster():
+    """distlab's one-machine cluster, when it is the one SLURM_CONF points at (else None)."""
+    running = _CURRENT
+    if running is not None and os.environ.get("SLURM_CONF") == str(running.conf) and running.door is not None:
+        return running
+    return None

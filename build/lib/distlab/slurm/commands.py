@@ -1,0 +1,119 @@
+"""Slurm's commands, run and read: sbatch, squeue, scontrol, scancel, sinfo (parsers are pure).
+
+Every command finds its controller the way a terminal user's does: ``SLURM_CONF`` (set by
+:func:`distlab.slurm.local_cluster`) or the system's ``/etc/slurm/slurm.conf``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .errors import NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
+
+#: states after which a job never runs again (PREEMPTED without requeue included)
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
+SQUEUE_FORMAT = "%T|%r|%N"
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One look at a job: ``state`` (PENDING, RUNNING, COMPLETED, ...), why it waits, where it runs."""
+
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    exit_code: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL
+
+    def describe(self) -> str:
+        """``PENDING (Resources)``, ``RUNNING on node[1-2]``, ``COMPLETED (exit code 0:0)``."""
+        if self.state == "PENDING":
+            return f"PENDING ({self.reason})" if self.reason and self.reason != "None" else "PENDING"
+        if self.state in ("RUNNING", "COMPLETING") and self.nodes:
+            return f"{self.state} on {self.nodes}"
+        if self.finished and self.exit_code:
+            return f"{self.state} (exit code {self.exit_code})"
+        return self.state
+
+
+def parse_squeue(text: str) -> JobState | None:
+    """A line of ``squeue -h -o %T|%r|%N`` -> JobState (None for no line)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if not line:
+        return None
+    state, reason, nodes = (line.split("|") + ["", ""])[:3]
+    return JobState(state.split()[0], reason, nodes)
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """``scontrol show job -o`` -> {key: value}. Values are the non-blank text after ``key=``."""
+    return dict(re.findall(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)", text))
+
+
+def run(argv: list[str], timeout: float = 30, check: bool = True, umask: int = -1,
+        **kwargs) -> subprocess.CompletedProcess:
+    """Run a Slurm command; a missing command is a :class:`SlurmNotFoundError` naming it."""
+    if shutil.which(argv[0]) is None:
+        raise SlurmNotFoundError(NOT_FOUND.format(what=f"the Slurm command {argv[0]!r}", hint=NO_SLURM_HINT))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=umask, **kwargs)
+    if check and done.returncode:
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+    return done
+
+
+def ping() -> None:
+    """Raise :class:`SlurmNotFoundError` unless a controller answers ``scontrol ping``."""
+    done = run(["scontrol", "ping"], check=False, timeout=15)
+    if done.returncode or "UP" not in done.stdout:
+        detail = (done.stdout + done.stderr).strip().replace("\n", "; ") or f"exit code {done.returncode}"
+        raise SlurmNotFoundError(NO_CONTROLLER.format(detail=detail, conf=os.environ.get("SLURM_CONF")))
+
+
+def partitions() -> list[str]:
+    """The cluster's partition names (``sinfo``)."""
+    return sorted(set(run(["sinfo", "-h", "-o", "%R"]).stdout.split()))
+
+
+def sbatch(script, user=None, env=None) -> int:
+    """Submit; returns the job id. Run with umask 077: Slurm gives the job the submitter's umask.
+    ``user``: an account (``pwd`` entry) to submit as, with ``env`` as the job's environment."""
+    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [],
+                                       "env": env, "cwd": os.path.dirname(script)}
+    done = run(["sbatch", "--parsable", str(script)], check=False, umask=0o077, **as_user)
+    if done.returncode:
+        raise SubmitError(SBATCH_FAILED.format(code=done.returncode, stderr=done.stderr.strip(), script=script))
+    return int(done.stdout.strip().split(";")[0])
+
+
+def job_state(job_id: int) -> JobState | None:
+    """The job as squeue sees it (all states); scontrol's view once squeue forgot it; None if unknown."""
+    done = run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", SQUEUE_FORMAT], check=False)
+    found = parse_squeue(done.stdout) if done.returncode == 0 else None
+    return found or controller_view(job_id)
+
+
+def controller_view(job_id: int) -> JobState | None:
+    """``scontrol show job``: the state and Slurm's exit code (``code:signal``), while the controller remembers."""
+    done = run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+    fields = parse_scontrol(done.stdout) if done.returncode == 0 else {}
+    if "JobState" not in fields:
+        return None
+    return JobState(fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
+                    fields.get("ExitCode", ""))
+
+
+def in_queue(job_id: int) -> bool:
+    """Still pending, running or completing (what a plain ``squeue`` lists)."""
+    done = run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], check=False)
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+def scancel(job_id: int, signal: str | None = None) -> None:
+    run(["scancel", *([f"--signal={signal}"] if signal else []), str(job_id)], check=False)

@@ -1,0 +1,99 @@
+"""The one-machine cluster's configuration, worked out before anything starts (pure, but for
+:func:`node_resources`, which looks at this machine).
+
+What the ``slurm.conf`` tunes for a small cluster, against Slurm's defaults: the scheduler runs every
+second (``sched_interval=1,bf_interval=1``; defaults 60 s and 30 s), ``KillWait=5`` (30 s), and
+``cred_expire=2`` (120 s), which is also how long a requeued job must wait before it may start again.
+Process tracking is ``proctrack/linuxproc`` and there is no task plugin: no cgroups needed, so it runs
+in a container.
+
+Every daemon listens on 127.0.0.1 only: the controller's address is given as ``SlurmctldHost=host(127.0.0.1)``,
+the node's as ``NodeAddr=127.0.0.1``, and ``CommunicationParameters=NoCtldInAddrAny,NoInAddrAny`` make slurmctld, slurmd
+and srun bind those addresses instead of every interface. Nobody off this machine can reach them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+#: program -> the Debian package that has it
+PROGRAMS = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
+            "sbatch": "slurm-client", "squeue": "slurm-client", "scontrol": "slurm-client",
+            "scancel": "slurm-client", "sinfo": "slurm-client", "srun": "slurm-client"}
+PARTITION = "debug"
+
+CONF = """# slurm.conf written by distlab.slurm.local_cluster(): one node, this host.
+ClusterName=distlab
+SlurmctldHost={host}(127.0.0.1)
+# every daemon binds 127.0.0.1, not every interface
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser={user}
+# jobs never run as root: the cluster's job user runs them
+DisableRootJobs=YES
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire: a requeued job waits this long (default 120 s) before it may start again
+AuthInfo=socket={socket},cred_expire=2
+# no cgroups: plain Linux process tracking, no CPU binding (works in containers)
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+# a small cluster: schedule every second (defaults: 60 s / 30 s), KillWait 5 s (default 30 s)
+SchedulerParameters=sched_interval=1,bf_interval=1
+KillWait=5
+MinJobAge=600
+SlurmctldPidFile={folder}/run/slurmctld.pid
+SlurmdPidFile={folder}/run/slurmd.pid
+# the job's batch script is kept here and run as the job user: in the door (see cluster.py)
+SlurmdSpoolDir={spool}
+StateSaveLocation={folder}/state
+SlurmctldLogFile={folder}/log/slurmctld.log
+SlurmdLogFile={folder}/log/slurmd.log
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
+PartitionName={partition} Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def missing_programs(which=shutil.which) -> dict[str, str]:
+    """program -> package, for every program the cluster needs that is not on PATH (or in /usr/sbin)."""
+    path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin" + os.pathsep + "/sbin"
+    return {p: pkg for p, pkg in PROGRAMS.items() if which(p, path=path) is None}
+
+
+def install_hint(missing: dict[str, str]) -> str:
+    packages = sorted({"slurm-wlm" if pkg.startswith("slurm") else pkg for pkg in missing.values()})
+    return (f"Install them: apt-get install {' '.join(packages)} (Debian/Ubuntu; slurm-wlm brings slurmctld, "
+            "slurmd and slurm-client), or use a real cluster.")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_resources() -> tuple[int, int]:
+    """(CPUs, MB of memory to declare): all cores, 90% of the memory (slurmd drains a node that
+    declares more than it has)."""
+    import psutil
+
+    return os.cpu_count() or 1, int(psutil.virtual_memory().total / 2**20 * 0.9)
+
+
+def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user: str,
+                cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION,
+                spool: Path | None = None) -> str:
+    """The cluster's slurm.conf (pure: tests read it)."""
+    return CONF.format(folder=folder, spool=spool or folder / "spool", host=host, ctld_port=ctld_port,
+                       slurmd_port=slurmd_port, user=user,
+                       socket=socket_path, cpus=cpus, memory_mb=memory_mb, partition=partition)

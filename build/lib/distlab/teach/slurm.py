@@ -1,0 +1,64 @@
+"""Chapter 13, Slurm: the exercises' self-checks (the lesson itself is in the chapter's cells)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+
+def _unanswered(answer, what: str) -> bool:
+    if answer is None:
+        print(f"No answer yet: replace None with {what}.")
+        return True
+    return False
+
+
+def check_rank_mapping(answer, procid: int = 5, tasks_per_node: int = 4) -> bool:
+    """Exercise 1: (RANK, LOCAL_RANK, SLURM_NODEID) of task ``procid`` when srun starts one task per rank,
+    ``tasks_per_node`` on each node (Slurm's default block distribution fills node 0 first)."""
+    if _unanswered(answer, "a tuple (RANK, LOCAL_RANK, node)"):
+        return False
+    expected = (procid, procid % tasks_per_node, procid // tasks_per_node)
+    assert tuple(answer) == expected, (
+        f"{tuple(answer)} is not it. RANK is SLURM_PROCID itself; tasks fill node 0 first, "
+        f"{tasks_per_node} per node, and SLURM_LOCALID counts from 0 on each node.")
+    print(f"correct: task {procid} is RANK {expected[0]}, LOCAL_RANK {expected[1]} on node {expected[2]}")
+    return True
+
+
+def check_resume_step(answer, saved_step: int = 37) -> bool:
+    """Exercise 2: the first step a resumed attempt reports, after a checkpoint taken with ``saved_step``
+    steps done (the script reports each step after finishing it, counting from 1)."""
+    if _unanswered(answer, "a step number"):
+        return False
+    assert answer == saved_step + 1, (
+        f"{answer} is not it. The checkpoint holds the weights after {saved_step} finished steps and "
+        f"step = {saved_step}; the loop adds one before it reports.")
+    print(f"correct: nothing is done twice and nothing is skipped: the next attempt reports {saved_step + 1} first")
+    return True
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``gpu[07-09,12],cpu3`` -> ``gpu07``."""
+    m = re.match(r"^([^\[,]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m:
+        raise ValueError(f"not a Slurm node list: {nodelist!r}")
+    prefix, ranges = m.groups()
+    return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
+
+
+def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
+    """Exercise 3: a bash line that sets MASTER_ADDR to the first host of SLURM_JOB_NODELIST. It is
+    run with bash, with that variable set to ``nodelist`` (``scontrol show hostnames`` needs a slurm.conf,
+    not a running controller)."""
+    if _unanswered(line, "a bash line (a string)"):
+        return False
+    env = {**os.environ, "SLURM_JOB_NODELIST": nodelist}
+    done = subprocess.run(["bash", "-c", f'{line}\necho "$MASTER_ADDR"'], env=env, capture_output=True, text=True,
+                          timeout=20)
+    first = first_host(nodelist)
+    got = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert got == first, (f"your line set MASTER_ADDR to {got!r}, not {first!r} (stderr: {done.stderr.strip()!r}). "
+                          "Hint: scontrol show hostnames expands the list, one host per line.")
+    print(f"correct: MASTER_ADDR={first}")
+    return True

@@ -1,0 +1,341 @@
+"""Chapter 7: what proves the article's ``ddp_train.py`` right, and the launch lines around it.
+
+The script itself is the lesson, so it lives in the chapter: a ``%%writefile ddp_train.py`` cell of
+``book/07_two_gpu_training.ipynb``, with the article's changes marked by comments. This module holds
+what is not the lesson:
+
+* :func:`script_from_notebook` and :func:`write_ddp_train` take that cell out of the notebook, so the
+  unit tests, the two-node test and ``bench/gpu_check.sh`` run exactly the code a learner reads;
+* :func:`reference_train` trains the same model on one process with the *global* batches DDP sees,
+  for the equivalence check;
+* :func:`torchrun_commands` and :func:`slurm_script` write the multi-node launch lines;
+* ``check_*`` functions are the chapter's exercise self-checks.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import shlex
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+CHAPTER = "07_two_gpu_training.ipynb"
+SCRIPT_NAME = "ddp_train.py"
+
+#: What a launcher sets in a rank's environment. The script has its own copy (to start clean under
+#: ``python ddp_train.py``); tests and ``bench/gpu_check.sh`` clear these before they start the script.
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def free_port() -> int:
+    """A port the OS reports free right now, for tests that start their own rendezvous (the script has its
+    own copy). Another program may take it before it is bound: a test's risk, not a learner's."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+# ---------------------------------------------------------------------------------------------
+# The script, taken from the chapter's %%writefile cell
+# ---------------------------------------------------------------------------------------------
+
+
+def chapter_notebook() -> Path:
+    """Chapter 7's notebook in the checkout this distlab runs from (``src/distlab/teach`` -> ``book/``)."""
+    path = Path(__file__).resolve().parents[3] / "book" / CHAPTER
+    if not path.is_file():
+        raise FileNotFoundError(f"book/{CHAPTER} not found next to {Path(__file__).resolve().parents[3]}; "
+                                "the script lives in the chapter: run from a checkout of the distlab repository.")
+    return path
+
+
+def script_from_notebook(notebook, name: str = SCRIPT_NAME) -> str:
+    """The text a ``%%writefile <name>`` code cell of ``notebook`` writes (the cell minus its magic line).
+
+    Reads the ``.ipynb`` as JSON, so it needs neither Jupyter nor nbformat (the GPU check runs it bare).
+    """
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    found = []
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        first, _, rest = source.partition("\n")
+        if cell["cell_type"] == "code" and first.split() == ["%%writefile", name]:
+            found.append(rest if rest.endswith("\n") else rest + "\n")
+    if len(found) != 1:
+        raise ValueError(f"{notebook}: expected one '%%writefile {name}' cell, found {len(found)}")
+    return found[0]
+
+
+def write_ddp_train(folder, notebook=None) -> Path:
+    """Write chapter 7's ``ddp_train.py`` into ``folder`` and return its path."""
+    path = Path(folder) / SCRIPT_NAME
+    path.write_text(script_from_notebook(notebook or chapter_notebook()))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The single-process reference: what DDP must be equal to
+# ---------------------------------------------------------------------------------------------
+
+def rank_indices(size: int, world_size: int, rank: int, epoch: int) -> list[int]:
+    """The sample indices rank ``rank`` trains on in ``epoch`` (DistributedSampler's defaults, seed 0)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(range(size), num_replicas=world_size, rank=rank)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def global_batches(size: int, batch_size: int, world_size: int, epoch: int) -> list[list[int]]:
+    """Step ``i``'s global batch: batch ``i`` of every rank, concatenated in rank order.
+
+    DDP averages the ranks' gradients, and each rank's gradient is the mean over its own batch, so with
+    equal batch sizes one DDP step equals one plain step on this concatenation.
+    """
+    shards = [rank_indices(size, world_size, r, epoch) for r in range(world_size)]
+    per_rank = len(shards[0])
+    return [[i for shard in shards for i in shard[b:b + batch_size]] for b in range(0, per_rank, batch_size)]
+
+
+@contextmanager
+def one_thread():
+    """Run the block with one intra-op thread: for tiny matrices one thread is fastest, and on a machine
+    whose cores the ranks share, extra threads only spin and wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def reference_train(size: int, batch_size: int, world_size: int, epochs: int, seed: int = 0,
+                    lr: float = 0.01) -> dict:
+    """Train SimpleModel in this process on DDP's global batches; returns ``model`` state and ``losses``.
+
+    Builds model and data in the script's order after ``torch.manual_seed(seed)``, so it starts from the
+    same parameters and the same DummyDataset as every rank of ``ddp_train.py --seed seed``.
+    """
+    from .models import DummyDataset, SimpleModel
+
+    with one_thread():
+        torch.manual_seed(seed)
+        model = SimpleModel()
+        dataset = DummyDataset(size=size)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        criterion = torch.nn.CrossEntropyLoss()
+        losses = []
+        for epoch in range(epochs):
+            for idx in global_batches(size, batch_size, world_size, epoch):
+                optimizer.zero_grad()
+                loss = criterion(model(dataset.data[idx]), dataset.targets[idx])
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+    return {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
+
+
+def max_abs_difference(a: dict, b: dict) -> float:
+    """Largest element-wise difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys(), f"different parameters: {sorted(a.keys() ^ b.keys())}"
+    return max((a[k].float().cpu() - b[k].float().cpu()).abs().max().item() for k in a)
+
+
+def states_equal(a: dict, b: dict) -> bool:
+    """Bit-for-bit equality of two state dicts."""
+    return a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
+
+
+def steps_per_epoch(size: int, batch_size: int, world_size: int) -> int:
+    """Optimizer steps each rank takes per epoch (DistributedSampler pads to a multiple of world_size)."""
+    return math.ceil(math.ceil(size / world_size) / batch_size)
+
+
+def losses_by_epoch_step(rows: list[dict]) -> dict[tuple[int, int], float]:
+    """A rank's reported losses keyed by (epoch, batch), so a resumed run lines up with a full one."""
+    return {(r["epoch"], r["batch"]): r["loss"] for r in rows if "loss" in r}
+
+
+def samples_per_s(result) -> float:
+    """Rank 0's reported throughput of a ddp_train.py run (global samples per second)."""
+    values = result.series("samples_per_s", rank=0)
+    assert values, "the run reported no samples_per_s (was it started through distlab?)"
+    return float(values[-1])
+
+
+def step_time(result, quantile: float = 0.5, rank: int = 0) -> float:
+    """A quantile of a run's reported per-step times (0.5: the median, 0.0: the fastest step).
+
+    On a shared machine the fastest step is the most repeatable figure: other programs can only make
+    steps slower, so the minimum is closest to what the step itself costs.
+    """
+    times = sorted(result.series("step_time", rank=rank))
+    assert times, "the run reported no step_time"
+    return times[min(int(quantile * len(times)), len(times) - 1)]
+
+
+def checksums_in(log: str) -> dict[int, float]:
+    """``{rank: checksum}`` from the script's ``Rank r, parameter checksum: x`` lines.
+
+    The value has exactly 10 decimals, so a line two ranks wrote into one pipe at once (unbuffered
+    ``print`` writes the text and the newline separately) still parses.
+    """
+    pattern = r"Rank (\d+), parameter checksum: (-?\d+\.\d{10})"
+    return {int(rank): float(value) for rank, value in re.findall(pattern, log)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints written by every rank: the race, frozen so it can be shown
+# ---------------------------------------------------------------------------------------------
+
+def save_in_progress(state, path, atomic: bool, fraction: float = 0.5) -> None:
+    """Freeze a save of ``state`` to ``path`` part-way: the bytes a reader would find at that moment.
+
+    ``torch.save(state, path)`` truncates ``path`` first and then writes, so a reader sees a prefix.
+    ``save_checkpoint`` writes the prefix to a temporary name instead; ``path`` keeps the old file.
+    """
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    target = Path(path).with_name(Path(path).name + ".tmp") if atomic else Path(path)
+    with open(target, "wb") as f:
+        f.write(data[: int(len(data) * fraction)])
+
+
+def try_load(path) -> str:
+    """``"complete"`` when ``torch.load`` reads the file, else the error's type and first line."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+        return "complete"
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Beyond one machine
+# ---------------------------------------------------------------------------------------------
+
+def torchrun_command(node_rank: int, nnodes: int, nproc_per_node: int, endpoint: str,
+                     script: str = "ddp_train.py", script_args=(), rdzv_id: str = "ddp_train") -> list[str]:
+    """argv for one node. With the c10d rendezvous the agents meet at ``endpoint`` (host:port on the
+    first node, reachable from all), agree on ranks and a store; ``--rdzv-id`` names the job."""
+    return ["torchrun", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, script, *[str(a) for a in script_args]]
+
+
+def torchrun_commands(nnodes: int, nproc_per_node: int, endpoint: str, script: str = "ddp_train.py",
+                      script_args=(), rdzv_id: str = "ddp_train") -> list[str]:
+    """The shell command to type on each node (index = node rank); only ``--node-rank`` differs."""
+    return [shlex.join(torchrun_command(k, nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id))
+            for k in range(nnodes)]
+
+
+SLURM_TEMPLATE = """#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the ranks
+#SBATCH --gpus-per-node={gpus}
+#SBATCH --cpus-per-task={cpus}
+#SBATCH --time={time}
+
+# The first node of the allocation hosts the c10d rendezvous.
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+
+srun torchrun \\
+    --nnodes "$SLURM_NNODES" \\
+    --node-rank "$SLURM_NODEID" \\
+    --nproc-per-node {gpus} \\
+    --rdzv-backend c10d \\
+    --rdzv-endpoint "$head_node:{port}" \\
+    --rdzv-id "$SLURM_JOB_ID" \\
+    {command}
+"""
+
+
+def slurm_script(nodes: int = 2, gpus_per_node: int = 2, script: str = "ddp_train.py", script_args=(),
+                 job_name: str = "ddp_train", time: str = "00:30:00", port: int = 29400,
+                 cpus_per_task: int = 8) -> str:
+    """An sbatch file: SLURM picks the nodes, ``srun`` starts one torchrun per node."""
+    command = shlex.join([script, *[str(a) for a in script_args]])
+    return SLURM_TEMPLATE.format(job_name=job_name, nodes=nodes, gpus=gpus_per_node, cpus=cpus_per_task,
+                                 time=time, port=port, command=command)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise self-checks
+# ---------------------------------------------------------------------------------------------
+
+def _unanswered(answer, what: str) -> bool:
+    if answer is None:
+        print(f"No answer yet: replace None with {what}.")
+        return True
+    return False
+
+
+def check_global_batch(answer, per_rank_batch: int = 32, world_size: int = 2) -> bool:
+    """Exercise 1: the batch size of the single-process run that DDP training is equal to."""
+    if _unanswered(answer, "a number of samples"):
+        return False
+    expected = per_rank_batch * world_size
+    assert answer == expected, (
+        f"{answer} is not it. Each of the {world_size} ranks computes a mean gradient over its own "
+        f"{per_rank_batch} samples and DDP averages those: a mean over how many samples in all?")
+    print(f"correct: {world_size} ranks x {per_rank_batch} = {expected} samples per optimizer step")
+    return True
+
+
+def check_steps_per_epoch(answer, size: int = 10000, batch_size: int = 32, world_size: int = 2) -> bool:
+    """Exercise 2: optimizer steps per epoch on each rank."""
+    if _unanswered(answer, "a number of steps"):
+        return False
+    expected = steps_per_epoch(size, batch_size, world_size)
+    assert answer == expected, (
+        f"{answer} is not it. DistributedSampler gives each rank ceil({size}/{world_size}) indices; "
+        f"the DataLoader cuts them into batches of {batch_size} (the last one may be smaller).")
+    print(f"correct: ceil(ceil({size}/{world_size})/{batch_size}) = {expected} steps per epoch on every rank")
+    return True
+
+
+def check_node_command(command, node_rank: int = 1, nnodes: int = 2, nproc_per_node: int = 4,
+                       endpoint: str = "gpu-node-0:29400") -> bool:
+    """Exercise 3: the torchrun line for one node of a multi-node job (flag order does not matter;
+    ``--node-rank`` may be left out, the c10d rendezvous ignores it)."""
+    if _unanswered(answer=command, what="a torchrun command line (a string)"):
+        return False
+    given = _flags(shlex.split(command))
+    want = _flags(torchrun_command(node_rank, nnodes, nproc_per_node, endpoint))
+    assert shlex.split(command)[0] == "torchrun", "start the line with torchrun"
+    for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint"):
+        assert given.get(flag) == want[flag], (
+            f"{flag} should be {want[flag]!r}, got {given.get(flag)!r}. "
+            "Hint: compare with training.torchrun_commands(...) for another cluster.")
+    assert given.get("--node-rank", want["--node-rank"]) == want["--node-rank"], (
+        f"this is node {node_rank}: --node-rank {node_rank} (or leave it out: c10d assigns node ranks)")
+    assert given.get("script") == "ddp_train.py", "the command should end with the script: ddp_train.py"
+    print("correct: that node joins the c10d rendezvous and starts its ranks")
+    return True
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    """``{"--flag": value, "script": first positional}``; accepts ``--flag=value`` and underscores."""
+    out, i = {}, 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            name = name.replace("_", "-")
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            out[name] = value
+        elif "script" not in out:
+            out["script"] = arg
+        i += 1
+    return out

@@ -1,0 +1,334 @@
+"""Each rank's state and output during a run, and the static record a cell keeps when it ends. Pure.
+
+A widget needs a live kernel: a notebook saved with only a widget in it shows ``Error displaying
+widget: model not found`` once reopened. So when a run ends the live view is replaced by a plain
+HTML record (one collapsible ``<details>`` block per rank, the rank that failed first on top and
+open) with a text/plain fallback: both render in JupyterLab, VS Code, nbviewer, GitHub and the
+built book without any JavaScript.
+
+Nothing here starts processes or imports Jupyter: the views in ``display.py`` feed a :class:`Board`
+and show what this module renders, so the rendering is tested without a browser.
+"""
+from __future__ import annotations
+
+import html
+import pprint
+from collections import deque
+from dataclasses import dataclass, field
+
+LIVE_TAIL_LINES = 500  # a live pane shows the latest lines, as a terminal's scrollback would
+RECORD_TAIL_LINES = 200  # per rank in the saved record (the full log stays in res.logs / the run folder)
+RECORD_SHOWN_LINES = 25  # of those, shown without a click: the end, where a traceback is
+TEXT_TAIL_LINES = 40  # per rank in the text/plain fallback
+MAX_LINE_CHARS = 1000
+RETURN_CHARS = 600  # per rank in the record (res.returns holds every value whole)
+OPEN_RANKS_WHEN_DONE = 4  # a successful run shows every rank's block open up to this many ranks
+
+# No scroll boxes in the record: JupyterLab's sanitizer, GitHub and nbviewer keep or drop CSS as they
+# please, so the end of a rank's output (its traceback) must be in view by structure, not by style.
+PRE_STYLE = "margin:0;padding:0.3em 0.5em;line-height:1.35;white-space:pre-wrap;word-break:break-word"
+FAILED_STYLE = "color:var(--jp-error-color1,#c62828);font-weight:bold"
+
+
+@dataclass
+class RankState:
+    """What the learner should know about one rank at a glance."""
+
+    rank: int
+    phase: str = "starting"  # starting, running, done, failed, stopped, interrupted, timed out
+    done_s: float | None = None  # seconds after launch when it finished (known for successful ranks)
+    exitcode: int | None = None
+    lines: deque = field(default_factory=lambda: deque(maxlen=LIVE_TAIL_LINES))
+    count: int = 0  # lines printed in all (``lines`` keeps only the latest)
+    step: int | None = None
+    total: int | None = None
+    metrics: dict = field(default_factory=dict)  # the latest other numbers it reported (loss, ...)
+
+    def label(self) -> str:
+        """``starting``, ``running``, ``done in 2.1 s``, ``✗ failed first (exit code 1)``, ..."""
+        if self.phase == "done" and self.done_s is not None:
+            return f"done in {self.done_s:.1f} s"
+        if self.phase == "failed":
+            code = f" (exit code {self.exitcode})" if self.exitcode is not None else ""
+            return f"✗ failed first{code}"
+        if self.phase == "stopped":
+            return "stopped by distlab"
+        return self.phase
+
+    def title(self) -> str:
+        """A tab title, short (a tab shows about 20 characters): ``rank 1 ✓ 2.1 s``, ``rank 1 ✗ failed first``."""
+        if self.phase == "done":
+            return f"rank {self.rank} ✓ " + (f"{self.done_s:.1f} s" if self.done_s is not None else "done")
+        if self.phase == "failed":
+            return f"rank {self.rank} ✗ failed first"
+        if self.phase == "running" and self.total:
+            return f"rank {self.rank} · {self.step}/{self.total}"
+        return f"rank {self.rank} · {'stopped' if self.phase == 'stopped' else self.phase}"
+
+
+@dataclass
+class Outcome:
+    """How a run ended, reduced to what the record shows."""
+
+    kind: str  # done, failed, timed out, interrupted, ended (the engine did not say)
+    wall_s: float | None = None
+    failed_rank: int | None = None
+    exitcode: int | None = None
+    logs: dict[int, str] | None = None  # complete logs read from the run folder, when known
+    returns: dict | None = None
+    run_dir: str = ""
+    message: str = ""  # for any other end: the first line of what the engine raised
+
+    def headline(self, world_size: int) -> str:
+        after = f" after {self.wall_s:.1f} s" if self.wall_s is not None else ""
+        if self.kind == "done":
+            return f"{world_size} rank{'s' * (world_size != 1)} done in {self.wall_s or 0:.1f} s"
+        if self.kind == "failed":
+            code = f" (exit code {self.exitcode})" if self.exitcode is not None else ""
+            return f"rank {self.failed_rank} failed first{code}{after}; the other ranks were stopped"
+        if self.kind == "timed out":
+            return f"timed out{after}; all ranks were stopped"
+        if self.kind == "interrupted":
+            return f"interrupted{after}; all {world_size} worker processes were stopped"
+        if self.kind == "running":
+            return f"still running{after}"
+        return self.message or f"ended{after}"
+
+
+def outcome_of(value, wall_s: float | None = None) -> Outcome:
+    """Read an :class:`Outcome` off what the engine returned or raised (duck-typed, so this
+    module needs none of them): a RunResult, WorkerFailedError, WorkerTimeoutError or an interrupt."""
+    result = getattr(value, "result", None) if isinstance(value, BaseException) else value
+    logs = getattr(result, "logs", None) or None
+    common = dict(wall_s=getattr(result, "wall_s", None) or wall_s, logs=logs,
+                  run_dir=str(getattr(result, "run_dir", "") or ""))
+    if isinstance(value, KeyboardInterrupt):
+        return Outcome("interrupted", **common)
+    if isinstance(value, TimeoutError):
+        return Outcome("timed out", **common)
+    if isinstance(value, BaseException) and hasattr(value, "rank"):
+        return Outcome("failed", failed_rank=value.rank, exitcode=getattr(value, "exitcode", None), **common)
+    if isinstance(value, BaseException):  # e.g. a cancelled run, or the agent itself failing
+        first = (str(value).splitlines() or [""])[0].split(" Run folder: ")[0]
+        return Outcome("ended", message=first.removeprefix("distlab: ") or type(value).__name__, **common)
+    return Outcome("done", returns=getattr(result, "returns", None), **common)
+
+
+class Board:
+    """Every rank's state during a run. The view feeds it; times are seconds after launch."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.ranks = [RankState(r) for r in range(world_size)]
+        self.outcome: Outcome | None = None
+
+    def line(self, rank: int, text: str) -> None:
+        state = self._rank(rank)
+        state.lines.append(clip(text))
+        state.count += 1
+        if state.phase == "starting":
+            state.phase = "running"
+
+    def metric(self, rank: int, row: dict) -> bool:
+        """Keep the latest progress; True when the row carries progress (``step`` and ``total``)."""
+        state = self._rank(rank)
+        state.metrics.update({k: v for k, v in row.items() if k not in ("rank", "time", "step", "total")})
+        if "step" not in row or "total" not in row:
+            return False
+        state.step, state.total = int(row["step"]), int(row["total"])
+        if state.phase == "starting":
+            state.phase = "running"
+        return True
+
+    def started(self, rank: int) -> bool:
+        """The rank's process is up; True when that changed its state (its pane must say so too)."""
+        if self._rank(rank).phase == "starting":
+            self._rank(rank).phase = "running"
+            return True
+        return False
+
+    def returned(self, rank: int, at_s: float) -> bool:
+        state = self._rank(rank)
+        if state.phase in ("starting", "running"):
+            state.phase, state.done_s = "done", at_s
+            return True
+        return False
+
+    def finish(self, outcome: Outcome) -> None:
+        """Every rank's final state, from how the run ended."""
+        self.outcome = outcome
+        for state in self.ranks:
+            if outcome.kind == "done":
+                state.phase = "done"
+                state.done_s = state.done_s if state.done_s is not None else outcome.wall_s
+                if outcome.wall_s is not None and state.done_s is not None:
+                    state.done_s = min(state.done_s, outcome.wall_s)  # no rank is done after the whole run
+            elif outcome.kind == "failed":
+                failed = state.rank == outcome.failed_rank
+                state.phase = "failed" if failed else "stopped"
+                state.exitcode = outcome.exitcode if failed else None
+            elif outcome.kind in ("interrupted", "timed out"):
+                state.phase = outcome.kind
+            elif state.phase in ("starting", "running"):
+                state.phase = "ended"
+
+    def _rank(self, rank: int) -> RankState:
+        while rank >= len(self.ranks):  # a script's own ranks (run_script mode="python") may be more
+            self.ranks.append(RankState(len(self.ranks)))
+        return self.ranks[rank]
+
+
+# ---------------------------------------------------------------------------------------------- HTML
+def placeholder(state: RankState) -> str:
+    """What a live pane says while its rank has printed nothing: the same state as its tab."""
+    if state.phase == "starting":
+        return "starting…"
+    if state.phase == "running":
+        return "running, printed nothing yet"
+    return f"{state.label()}, printed nothing"
+
+
+def pane_html(lines, total: int, placeholder: str = "") -> str:
+    """A rank's latest lines for a live pane (the pane's own layout keeps its bottom end in view)."""
+    lines = list(lines)
+    if not lines:
+        return f'<div style="opacity:0.6;padding:0.3em 0.5em"><i>{html.escape(placeholder)}</i></div>'
+    hidden = total - len(lines)
+    note = f"… {hidden} earlier line{'s' * (hidden != 1)} not shown\n" if hidden > 0 else ""
+    return f'<pre style="{PRE_STYLE}">{html.escape(note + chr(10).join(lines))}</pre>'
+
+
+def _output_html(lines: list[str], total: int) -> str:
+    """The last lines in view; the ones before them one click away; what is older, counted."""
+    if not lines:
+        return '<div style="opacity:0.6;padding:0.3em 0.5em"><i>(printed nothing)</i></div>'
+    earlier, shown = lines[:-RECORD_SHOWN_LINES], lines[-RECORD_SHOWN_LINES:]
+    older = total - len(lines)
+    parts = []
+    if earlier:
+        note = f"… {older} older line{'s' * (older != 1)}: res.logs or the run folder\n" if older > 0 else ""
+        parts.append(f'<details class="distlab-earlier"><summary>{len(earlier) + max(older, 0)} earlier '
+                     f'lines</summary><pre style="{PRE_STYLE}">{html.escape(note + chr(10).join(earlier))}</pre>'
+                     "</details>")
+    parts.append(f'<pre style="{PRE_STYLE}">{html.escape(chr(10).join(shown))}</pre>')
+    return "".join(parts)
+
+
+def record_order(board: Board) -> list[RankState]:
+    """The rank that failed first on top (it is the root cause), then every rank in order. Ranks a
+    script started itself (``run_script(mode="python")``) report metrics but print into the launched
+    process's log: they get no block of their own."""
+    shown = [s for s in board.ranks if s.rank < board.world_size or s.count]
+    return sorted(shown, key=lambda s: (s.phase != "failed", s.rank))
+
+
+def _is_open(board: Board, state: RankState) -> bool:
+    kind = board.outcome.kind if board.outcome else "ended"
+    if kind == "failed":
+        return state.phase == "failed"
+    if kind == "interrupted":
+        return False  # the learner stopped it: the headline says so, where each rank was is a click away
+    return state.count > 0 and len(board.ranks) <= OPEN_RANKS_WHEN_DONE
+
+
+def _rank_lines(board: Board, state: RankState, limit: int) -> tuple[list[str], int]:
+    """The rank's last ``limit`` lines: from the complete log when the engine read it, else as streamed."""
+    logs = board.outcome.logs if board.outcome else None
+    if logs is not None and state.rank in logs:
+        lines = logs[state.rank].splitlines()
+        return [clip(line) for line in lines[-limit:]], len(lines)
+    return list(state.lines)[-limit:], state.count
+
+
+def record_html(board: Board) -> str:
+    """The static record: a headline, one ``<details>`` per rank, the return values."""
+    outcome = board.outcome or Outcome("ended")
+    failed = outcome.kind in ("failed", "timed out", "interrupted")
+    head_style = FAILED_STYLE if outcome.kind == "failed" else "font-weight:bold"
+    parts = [f'<div class="distlab-record"><div style="{head_style}">distlab: '
+             f"{html.escape(outcome.headline(len(board.ranks)))}</div>"]
+    for state in record_order(board):
+        lines, total = _rank_lines(board, state, RECORD_TAIL_LINES)
+        count = f"{total} line{'s' * (total != 1)}" if total else "no output"
+        label = html.escape(state.label())
+        if state.phase == "failed":
+            label = f'<span style="{FAILED_STYLE}">{label}</span>'
+        parts.append(f'<details{" open" * _is_open(board, state)} data-rank="{state.rank}">'
+                     f"<summary>rank {state.rank} · {label} · {count}</summary>"
+                     f"{_output_html(lines, total)}</details>")
+    if outcome.returns and not failed:
+        parts.append(returns_html(outcome.returns))
+    if outcome.run_dir:
+        parts.append(f'<div style="opacity:0.7">run folder: <code>{html.escape(outcome.run_dir)}</code></div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def record_text(board: Board) -> str:
+    """The same record as plain text, for front ends that show no HTML."""
+    outcome = board.outcome or Outcome("ended")
+    out = [f"distlab: {outcome.headline(len(board.ranks))}"]
+    for state in record_order(board):
+        lines, total = _rank_lines(board, state, TEXT_TAIL_LINES)
+        out.append(f"--- rank {state.rank} · {state.label()} · {total} line{'s' * (total != 1)} ---")
+        if total > len(lines):
+            out.append(f"… {total - len(lines)} earlier lines not shown")
+        out.extend(lines)
+    if outcome.returns and outcome.kind == "done":
+        out.append("returns:")
+        out.extend(f"  rank {rank}: {text}" for rank, text in returns_lines(outcome.returns))
+    if outcome.run_dir:
+        out.append(f"run folder: {outcome.run_dir}")
+    return "\n".join(out)
+
+
+def record_bundle(board: Board) -> dict:
+    """A display bundle with no widget in it: what the cell keeps once the run is over."""
+    return {"text/html": record_html(board), "text/plain": record_text(board)}
+
+
+def returns_lines(returns) -> list[tuple[object, str]]:
+    """``(rank, text)`` per rank: each rank's value on its own, pretty-printed, cut only when long."""
+    if not isinstance(returns, dict):
+        return [("?", _short_repr(returns, RETURN_CHARS))]
+    out = []
+    for rank in sorted(returns, key=repr):
+        text = pprint.pformat(returns[rank], width=100, compact=True, sort_dicts=False)
+        if len(text) > RETURN_CHARS:
+            text = text[:RETURN_CHARS] + f" … (res.returns[{rank!r}] holds all of it)"
+        out.append((rank, text))
+    return out
+
+
+def returns_html(returns) -> str:
+    """The return values, one rank per line; open when each fits on a line, else one click away."""
+    rows = returns_lines(returns)
+    short = all("\n" not in text and len(text) <= 100 for _, text in rows)
+    body = "\n".join(f"rank {rank}: {text}" for rank, text in rows)
+    return (f'<details class="distlab-returns"{" open" * short}><summary>return values '
+            f"(<code>res.returns</code>)</summary><pre style=\"{PRE_STYLE}\">{html.escape(body)}</pre></details>")
+
+
+SAVED_SUMMARY = ("distlab: a copy of the output so far ({elapsed:.0f} s in), for a notebook saved while this run "
+                 "is going: the live view above needs the kernel that runs it")
+
+
+def snapshot_bundle(board: Board, elapsed_s: float) -> dict:
+    """What a notebook saved mid-run keeps next to the live widget (which a reopened notebook cannot
+    draw): every rank's output so far, collapsed under one line while the live view is there."""
+    running = Board(board.world_size)
+    running.ranks, running.outcome = board.ranks, Outcome("running", wall_s=elapsed_s)
+    summary = SAVED_SUMMARY.format(elapsed=elapsed_s)
+    return {"text/html": f"<details class=\"distlab-saved\"><summary>{html.escape(summary)}</summary>"
+                         f"{record_html(running)}</details>",
+            "text/plain": summary + "\n" + record_text(running)}
+
+
+def clip(line: str) -> str:
+    """One line, cut to a length a browser lays out without trouble."""
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "…"
+
+
+def _short_repr(value, limit: int = 400) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + " …"

@@ -1,0 +1,90 @@
+"""What distlab's forkserver process imports before it forks any rank (``forkserver.PRELOAD``).
+
+Imported only in that server, never in a kernel or a rank. It ties the server to the kernel,
+imports what every rank needs (torch, ``torch.distributed``, torchelastic's worker wrapper and
+distlab's worker runtime), and never touches CUDA: a rank forked from here may use a GPU.
+
+The server must not outlive the kernel that started it: on Linux the kernel sends it SIGKILL
+when the kernel dies (``PR_SET_PDEATHSIG``), even a SIGKILLed kernel. Everywhere else (and as a
+second line) the server leaves when the kernel's end of its "alive" pipe closes, which is why
+every rank closes its own copy of that pipe (``distlab.forkserver.rank``). A rank's own parent is
+the server, so a dead server takes its ranks with it (``distlab.worker.die_with_parent``).
+
+Only your own processes may ask it for a fork: the server's loop (``distlab.forkserver.server``)
+checks every connection's peer uid (``distlab.forkserver.peercred``) before it reads anything from it.
+"""
+import gc
+import signal
+import sys
+
+try:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux
+    pass
+
+import multiprocessing.queues  # noqa: E402,F401  (what unpickling a rank's process object needs)
+import multiprocessing.synchronize  # noqa: E402,F401
+import runpy  # noqa: E402,F401
+
+import torch  # noqa: E402,F401
+import torch.distributed  # noqa: E402,F401
+import torch.distributed.elastic.multiprocessing  # noqa: E402,F401
+import torch.utils.serialization  # noqa: E402,F401  (torch.save imports it: every rank saves its return value)
+
+import distlab.forkserver.rank  # noqa: E402,F401
+import distlab.rendezvous.prompt_store  # noqa: E402
+import distlab.worker  # noqa: E402
+
+distlab.worker.loopback_interface()  # looked up (and cached) once, not by every rank
+distlab.rendezvous.prompt_store.store_class()  # its class made once
+
+try:  # numpy loads numpy.random lazily: imported here once, not in each rank that reseeds it
+    import numpy.random  # noqa: F401
+except ImportError:
+    pass
+import distlab.forkserver.client  # noqa: E402,F401
+
+# Objects made so far live as long as the server: keep the garbage collector of every rank off
+# them, or its first full collection writes to (and so copies) most of the server's memory.
+gc.collect()
+gc.freeze()
+
+HUGE_PAGE = 2 << 20
+MADV_COLLAPSE = 25  # Linux >= 6.1
+
+
+def _anonymous_regions():
+    """Writable private anonymous mappings (the malloc heap, Python's arenas) of this process."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if fields[1].startswith("rw") and fields[1].endswith("p") and fields[5:] in ([], ["[heap]"]):
+                yield start, end
+
+
+def collapse_into_huge_pages() -> int:
+    """Back the server's heap with 2 MiB pages: each fork then copies ~500 times fewer page-table
+    entries (measured here: a fork 26 -> 6 ms, a rank's exit 52 -> 31 ms). Returns the bytes
+    collapsed; 0 where the kernel cannot (not Linux, older than 6.1, THP disabled)."""
+    import ctypes
+
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        regions = list(_anonymous_regions())
+    except (OSError, AttributeError):
+        return 0
+    done = 0
+    for start, end in regions:
+        start, end = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        if end > start and madvise(start, end - start, MADV_COLLAPSE) == 0:
+            done += end - start
+    return done
+
+
+if sys.platform.startswith("linux"):
+    collapse_into_huge_pages()
+

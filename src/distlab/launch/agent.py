@@ -1,0 +1,53 @@
+"""``python -m distlab.launch.agent RUN_DIR``: torchelastic's agent for a multi-node run, out of the kernel.
+
+torch's c10d rendezvous unpickles state it reads from the rendezvous store, which anyone who
+reaches ``rdzv_endpoint`` can write. So the kernel never runs that agent itself: it starts this
+module, which reads the plan from the run folder, runs the agent, and writes the outcome as JSON
+(``agent.json``, plain data) for the kernel to report. The agent dies with the kernel, and its
+workers with it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+from distlab import worker
+from distlab.folders.private import write_private
+from distlab.folders.runfolder import RunFolder
+from distlab.launch import engine
+
+
+def main(run_dir: str) -> int:
+    folder = RunFolder(run_dir)
+    spec = json.loads(folder.agent_plan.read_text())
+    worker.die_with_parent(spec["kernel_pid"])
+    run = json.loads(folder.run_json.read_text())
+    write_private(folder.run_json, json.dumps({**run, "parent_pid": os.getpid()}))  # the workers' parent
+    plan = engine.Plan.from_json(spec["plan"])
+    outcome = run_agent(plan)
+    write_private(folder.agent_json, json.dumps(outcome))
+    return 0 if outcome["status"] == "ok" else 1
+
+
+def run_agent(plan: engine.Plan) -> dict:
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        with engine.quiet_torchelastic():
+            engine.launch_agent(plan, plan.folder.run_json)
+        return {"status": "ok"}
+    except ChildFailedError as e:
+        return {"status": "failed", "failures": {str(r): engine.failure_record(f) for r, f in e.failures.items()}}
+    except SignalException as e:
+        return {"status": "interrupted", "signal": int(e.sigval)}
+    except KeyboardInterrupt:
+        return {"status": "interrupted", "signal": 2}
+    except Exception:
+        return {"status": "error", "error": traceback.format_exc()}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

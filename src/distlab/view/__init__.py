@@ -1,0 +1,12 @@
+"""What the learner sees of a run: live per-rank lines, the record a cell keeps, readable stacks.
+
+Modules, each with the process it runs in (all in the kernel):
+
+* ``display``: where live rank output goes: a text stream (every frontend, CI, the built book) or
+  ipywidgets panes, and the static record that replaces the widget when a run ends.
+* ``record``: each rank's state and output during a run, and that static record. Pure.
+* ``stacks``: a rank's stack dump cut down to the learner's frames (a launch's timeout, a warm
+  rank's). Pure.
+
+May import: ``errors``. Code that runs inside a rank never imports this folder.
+"""

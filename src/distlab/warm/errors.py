@@ -1,0 +1,72 @@
+"""Errors of warm ranks (:class:`distlab.Ranks`), with their message templates.
+
+Each message says what failed, on which rank, and the state the ranks are left in: still
+usable (the process group passed a health check, every variable is kept), stopped (run
+``ranks.restart()``), or already restarted (variables lost).
+"""
+from __future__ import annotations
+
+from distlab.errors import DistlabError
+
+RANK_RAISED = "distlab: rank {rank} raised {name} in {where}{others}.\n{traceback}{blocked}\n{state}"
+OTHERS_TOO = " (rank{s} {ranks} raised too)"
+RANK_DIED = "distlab: rank {rank} died{how} in {where}.\n--- last lines of its log ---\n{log}\n{state}"
+BLOCKED = "\nRanks still running after that failure, and where they were:\n{stacks}"
+TIMED_OUT = (
+    "distlab: {where} did not finish within timeout={timeout}s on rank{s} {ranks}.\n"
+    "Where each rank was:\n{stacks}\n"
+    "A rank waiting in a collective usually means another rank never called it.\n{state}"
+)
+INTERRUPTED = "distlab: {where} was interrupted on rank{s} {ranks}.\nWhere each rank was:\n{stacks}\n{state}"
+START_FAILED = "distlab: rank {rank} could not start ({problem}).\n{detail}\nNothing is left running."
+STOPPED = ("distlab: these ranks were stopped ({why}). Run ranks.restart() for fresh ranks "
+           "(every variable on the ranks is lost).")
+CLOSED = "distlab: these ranks are closed. Start new ones with distlab.Ranks(...), or call ranks.restart()."
+BUSY = "distlab: these ranks are busy with another call (from another thread); wait for it to finish."
+NO_RANKS = "distlab: no warm ranks are running. Start them first, e.g. `ranks = distlab.Ranks(2)`."
+
+STATE_USABLE = "The ranks are still usable: the process group passed a health check and every variable is kept."
+STATE_STOPPED = ("The process group did not survive ({why}), so the ranks were stopped. "
+                 "Run ranks.restart() for fresh ranks (every variable on the ranks is lost).")
+STATE_RESTARTED = ("The process group could not be recovered ({why}), so the ranks were restarted: "
+                   "every variable on them is lost; re-run the cells that set them up.")
+
+
+def plural(ranks) -> dict:
+    ranks = sorted(ranks)
+    return {"s": "s" if len(ranks) > 1 else "", "ranks": ", ".join(map(str, ranks))}
+
+
+def format_stacks(stacks: dict[int, str]) -> str:
+    return "\n".join(f"--- rank {r} ---\n{s.rstrip()}" for r, s in sorted(stacks.items()))
+
+
+class RankError(DistlabError, RuntimeError):
+    """Code raised on a rank (or a rank died); ``rank`` is the first that failed.
+
+    ``usable`` tells whether the ranks can take the next call without ``restart()``.
+    """
+
+    def __init__(self, message: str, rank: int, name: str, remote_traceback: str, usable: bool):
+        super().__init__(message)
+        self.rank, self.name, self.remote_traceback, self.usable = rank, name, remote_traceback, usable
+
+
+class RanksTimeoutError(DistlabError, TimeoutError):
+    """A call did not finish in time; ``stacks[rank]`` says where each rank was."""
+
+    def __init__(self, message: str, stacks: dict[int, str], usable: bool):
+        super().__init__(message)
+        self.stacks, self.usable = stacks, usable
+
+
+class RanksStoppedError(DistlabError, RuntimeError):
+    """The ranks are stopped or closed: ``ranks.restart()`` (or new Ranks) is the way on."""
+
+
+class RanksBusyError(DistlabError, RuntimeError):
+    """Another thread is in a call on the same ranks; calls do not overlap."""
+
+
+class RanksStartError(DistlabError, RuntimeError):
+    """A rank could not start (or join the process group)."""
