@@ -85,7 +85,7 @@ def fresh_random_state() -> None:
     OS when it is imported, and NumPy its global one; a forked rank would inherit the server's,
     so every rank (and every launch) would draw the same "random" numbers. Python's ``random``
     reseeds itself after a fork. CUDA generators are seeded lazily, without touching the GPU.
-    Only a ``numpy.random`` the server imported is reseeded (``_forkserver_boot`` does): touching
+    Only a ``numpy.random`` the server imported is reseeded (``distlab.forkserver.preload`` does): touching
     ``numpy.random`` here would import it, which costs a forked rank 10-25 ms. A torch built
     without any accelerator (the CPU wheel) reseeds only its CPU generator: queueing lazy seeds
     for devices it cannot have cost a rank ~2 ms of stack formatting."""

@@ -1,4 +1,4 @@
-"""What distlab's forkserver process imports before it forks any rank (``forkserver.PRELOAD``).
+"""What distlab's forkserver process imports before it forks any rank (``distlab.forkserver.client.PRELOAD``).
 
 Imported only in that server, never in a kernel or a rank. It ties the server to the kernel,
 imports what every rank needs (torch, ``torch.distributed``, torchelastic's worker wrapper and
