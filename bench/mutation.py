@@ -38,6 +38,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.results.read_returns", "map_location=None",
      "only a return value saved on a GPU loads differently; the fast tests run without one"),
     ("distlab.results.read_returns", "torch.load(path, weights_only=False)", "map_location dropped: as above"),
+    ("distlab.config.device", "local - 1)))",
+     "choose_device asks for max(world_size, local_rank + 1) GPUs: a world size below local_rank + 1 changes nothing"),
     ("distlab.capture.source._around_methods", "_first_line(n) < code.co_firstlineno",
      "a method's def cannot begin on the first line of its class statement"),
     ("distlab.capture.source._written_in", "candidate.span[0] < code.co_firstlineno",

@@ -138,6 +138,7 @@ def test_a_view_object_reaches_the_engine(no_launch):
     (2, {}, 1, "cuda:1"),
     (2, {}, 2, "cpu"),  # rank 2 would need a third GPU
     (4, {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, 1, "cuda:1"),  # an explicit rank wins over LOCAL_RANK
+    (2, {"WORLD_SIZE": "3", "LOCAL_RANK": "0"}, None, "cpu"),  # no LOCAL_WORLD_SIZE: WORLD_SIZE counts
 ])
 def test_device(monkeypatch, gpus, n_gpus, env, rank, expected):
     for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):

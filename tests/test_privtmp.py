@@ -77,3 +77,32 @@ def test_a_long_host_name_is_kept_short_and_apart_from_its_neighbours():
     assert private.host_name("vm") == "vm"
     assert len(private.host_name(a)) <= private.HOST_CHARS and private.host_name(a) != private.host_name(b)
     assert private.host_name(a) == private.host_name(a) and private.host_name(a).startswith("gpu-nod")
+
+
+def test_a_host_name_keeps_its_letters_and_loses_what_a_folder_name_cannot_hold():
+    assert private.host_name("Node-7.Lab") == "Node-7.Lab"
+    assert private.host_name("gpu node/7") == "gpu_node_7"
+    assert private.host_name("") == "host"
+    assert private.host_name("a" * private.HOST_CHARS) == "a" * private.HOST_CHARS  # at the limit: kept whole
+    assert private.folder_prefix(42) == f"proc-{private.host_name()}-42-"  # this machine's name by default
+
+
+def test_stale_folders_of_the_host_asked_for(tmp_path):
+    (tmp_path / "proc-other-999999999-aaaaaaaa").mkdir(mode=0o700)
+    assert [p.name for p in private.stale_dirs(tmp_path, alive=lambda pid: False, host="other")] == [
+        "proc-other-999999999-aaaaaaaa"]
+    assert private.stale_dirs(tmp_path, alive=lambda pid: False) == []  # not this host's
+
+
+def test_a_process_folder_names_its_root_only_when_both_are_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    folder = shared / f"{private.folder_prefix(7)}abcdefgh"
+    folder.mkdir(mode=0o700)
+    assert private.root_of(str(folder)) is None  # its parent is open to others
+    shared.chmod(0o700)
+    assert private.root_of(str(folder)) == shared
+    folder.chmod(0o755)
+    assert private.root_of(str(folder)) is None
+    assert not private.is_private_dir(folder) and not private.is_private_dir(tmp_path / "missing")
