@@ -63,9 +63,9 @@ def main() -> None:
         for name in order(a.rounds):
             ratio, _ = run(trees[name], a.script, a.args)
             ratios[name].append(ratio)
-            print(f"{name:6} {a.script} {' '.join(a.args)}: ratio {ratio:.3f}", flush=True)
+            print(f"{name:6} {a.script} {' '.join(a.args)}: ratio {ratio:.4g}", flush=True)
     before, after = statistics.median(ratios["before"]), statistics.median(ratios["after"])
-    print(f"median ratio before {before:.3f} ({a.rev}), after {after:.3f} (this tree)")
+    print(f"median ratio before {before:.4g} ({a.rev}), after {after:.4g} (this tree)")
     print(f"ratio: {after / before:.3f}")
 
 
