@@ -454,3 +454,36 @@ def test_a_process_the_rank_forked_does_not_tell_an_exit_code_for_the_rank():
         if running(pid):
             os.kill(pid, signal.SIGKILL)
         os.close(status_r)
+
+
+def _tracked_popen(pid, returncode, rank):
+    import threading
+
+    popen = forkserver._RankPopen.__new__(forkserver._RankPopen)
+    popen._pid_lock, popen._pid, popen.handle = threading.Lock(), pid, psutil.Process(pid)
+    popen.returncode, popen.rank = returncode, rank
+    return popen
+
+
+def test_a_rank_that_exited_but_is_not_reaped_yet_stays_tracked_until_wait_gone(monkeypatch):
+    """A zombie rank (exited, its parent has not reaped it yet) is leaving, not gone: forgetting it
+    let a launch return while the server still had to reap its ranks (CI saw them as leftovers)."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
+        popens = [_tracked_popen(zombie.pid, None, 0), _tracked_popen(sleeper.pid, None, 1)]
+        monkeypatch.setitem(forkserver._RANKS, "run-z", popens)
+        assert list(forkserver.live_ranks("run-z")) == [1]  # the zombie is not alive...
+        assert forkserver._RANKS["run-z"] == [popens[1], popens[0]]  # ...but still tracked
+        zombie.wait()
+        forkserver.live_ranks("run-z")
+        assert forkserver._RANKS["run-z"] == [popens[1]]  # reaped: gone
+    finally:
+        for p in (zombie, sleeper):
+            p.kill()
+            p.wait()
+        forkserver._RANKS.pop("run-z", None)

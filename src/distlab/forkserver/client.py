@@ -402,8 +402,9 @@ def launching(run_id: str):
 def live_ranks(run_id: str) -> dict:
     """rank -> psutil.Process of the run's forked ranks still alive (for the watcher's timeout,
     stack dumps and clean-up). A rank whose number is unknown gets a negative key. A rank that
-    told its exit code is leaving (``distlab.forkserver.spare.tell_exit``): not counted, but remembered
-    until :func:`wait_gone`."""
+    told its exit code, or has exited and waits to be reaped (a zombie), is leaving: not counted,
+    but remembered until :func:`wait_gone` (forgetting a zombie let a launch return while the server
+    had not reaped its ranks yet, and a busy machine then saw them as left-over processes)."""
     import psutil
 
     with _LOCK:
@@ -412,9 +413,10 @@ def live_ranks(run_id: str) -> dict:
     for popen in tracked:
         try:
             popen.pid  # noqa: B018  (makes popen.handle)
-            if popen.handle is not None and popen.handle.is_running() and \
-                    popen.handle.status() != psutil.STATUS_ZOMBIE:
-                (alive if popen.returncode is None else leaving).append(popen)
+            if popen.handle is None or not popen.handle.is_running():
+                continue  # never forked, or reaped
+            exited = popen.handle.status() == psutil.STATUS_ZOMBIE
+            (alive if popen.returncode is None and not exited else leaving).append(popen)
         except (OSError, EOFError, psutil.Error):  # never forked, or gone
             pass
     with _LOCK:
