@@ -313,3 +313,14 @@ def test_a_rank_that_cannot_start_is_named_with_its_output_and_nothing_is_left(m
     assert str(info.value) == ("distlab: rank 1 could not start (exited with code 3).\nno torch here\n"
                                "Nothing is left running.")
     assert len(started) == 2 and gone_soon(started)
+
+
+def test_a_notebook_rank_never_replaces_each_ranks_own(ranks, monkeypatch):
+    """The tutorials' code sets ``rank = 0`` in the notebook; shipped with a function, it made
+    every rank rank 0 until a restart (and a following ``if rank == 0: send`` cell deadlocked)."""
+    ns = run_cells("import torch\nrank = 0\nworld_size = 1\ndevice = torch.device('cpu')\n",
+                   "def whoami():\n    return rank, world_size, str(device)\n")
+    as_main(monkeypatch, ns)
+    with pytest.warns(UserWarning, match=r"ranks.run\(whoami\): the notebook's rank, world_size, device stay"):
+        assert ranks.run(ns["whoami"]) == {0: (0, 2, "cpu"), 1: (1, 2, "cpu")}
+    assert ranks.exec("rank, world_size") == {0: (0, 2), 1: (1, 2)}  # later cells still see their own

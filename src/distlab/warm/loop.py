@@ -136,7 +136,8 @@ def _run(units: list, values: bytes, entry: str, args: bytes, ns: dict):
         for source, filename, cell in units:
             _remember_source(filename, cell)
             exec(compile(source, filename, "exec"), ns)
-        ns.update(pickle.loads(values))
+        shipped = pickle.loads(values)
+        ns.update({name: v for name, v in shipped.items() if name not in proto.RANK_OWNED})
         return ns[entry](*pickle.loads(args))
 
 

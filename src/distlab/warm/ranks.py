@@ -180,7 +180,9 @@ class Ranks:
         head = proto.captured_head(cap)
         units = [(head, f"<distlab: imports for {fn.__name__}>", head)]
         units += [definition_unit(text, fn.__globals__) for text in cap.definitions]
-        payload = (units, pickle.dumps(cap.values), cap.entry, pickle.dumps(args))
+        warn_rank_owned(fn.__name__, proto.shipped_rank_names(cap))
+        values = {name: v for name, v in cap.values.items() if name not in proto.RANK_OWNED}
+        payload = (units, pickle.dumps(values), cap.entry, pickle.dumps(args))
         outcome = self._call((proto.RUN, *payload), selected, limit, f"ranks.run({fn.__name__})")
         if isinstance(outcome, BaseException):
             raise outcome
@@ -462,3 +464,14 @@ class _InterruptFlag:
     def __exit__(self, *exc) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self.saved if self.saved is not None else signal.default_int_handler)
+
+
+def warn_rank_owned(fn_name: str, names: list[str]) -> None:
+    """Say once per call that the notebook's ``rank`` (or ``world_size``, ``device``) stays in the
+    notebook: on the ranks, the function sees each rank's own."""
+    if names:
+        import warnings
+
+        shown = ", ".join(names)
+        warnings.warn(f"ranks.run({fn_name}): the notebook's {shown} stay{'s' if len(names) == 1 else ''} in the "
+                      f"notebook; on the ranks, {fn_name} sees each rank's own {shown}.", UserWarning, stacklevel=3)
