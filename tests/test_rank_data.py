@@ -83,3 +83,14 @@ def test_magic_push_reads_the_notebooks_variables_and_names_a_missing_one():
     assert pushed_values(["a"], {"a": 3, "b": 4}) == {"a": 3}
     with pytest.raises(UsageError, match="the notebook has no variable 'c'"):
         pushed_values(["a", "c"], {"a": 3})
+
+
+def test_a_notebook_function_or_class_is_refused_before_it_reaches_a_rank():
+    """It pickles in the kernel (``__main__.mine``) and failed on the rank with a bare
+    AttributeError; a lambda already got this error."""
+    ns = {"__name__": "__main__"}
+    exec("def mine(r):\n    return r\nclass Box:\n    pass\n", ns)
+    for name, value in (("mine", ns["mine"]), ("Box", ns["Box"])):
+        with pytest.raises(distlab.CaptureError, match=rf"the value of '{name}'.*defined in the notebook.*%%ranks"):
+            data.pack({name: value})
+    assert pickle.loads(data.pack({"f": len, "n": 1})) == {"f": len, "n": 1}  # importable functions still travel
