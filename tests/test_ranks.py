@@ -324,3 +324,13 @@ def test_a_notebook_rank_never_replaces_each_ranks_own(ranks, monkeypatch):
     with pytest.warns(UserWarning, match=r"ranks.run\(whoami\): the notebook's rank, world_size, device stay"):
         assert ranks.run(ns["whoami"]) == {0: (0, 2, "cpu"), 1: (1, 2, "cpu")}
     assert ranks.exec("rank, world_size") == {0: (0, 2), 1: (1, 2)}  # later cells still see their own
+
+
+def test_a_name_only_the_notebook_has_gets_a_hint_not_a_bare_name_error(ranks, monkeypatch):
+    ns = run_cells("def only_here(r):\n    return r\n")
+    as_main(monkeypatch, ns)
+    with pytest.raises(distlab.RankError) as e:
+        ranks.exec("only_here(rank)")
+    assert "NameError: name 'only_here' is not defined" in str(e.value)
+    assert "`only_here` is defined in this notebook, not on the ranks" in str(e.value)
+    assert ranks.exec("rank") == {0: 0, 1: 1}  # still usable

@@ -350,3 +350,12 @@ def test_state_messages_word_for_word():
         "(every variable on the ranks is lost).")
     assert err.START_FAILED.format(rank=1, problem="exited with code 1", detail="ImportError: x") == (
         "distlab: rank 1 could not start (exited with code 1).\nImportError: x\nNothing is left running.")
+
+
+def test_a_name_error_for_a_name_the_notebook_defines_says_where_it_is_missing():
+    tb = ('Traceback (most recent call last):\n  File "Cell In[4]", line 1, in <module>\n'
+          "NameError: name 'mine' is not defined\n")
+    hint = err.not_on_the_ranks("NameError", tb, {"mine": print})
+    assert "`mine` is defined in this notebook, not on the ranks" in hint and "%%ranks" in hint and "ranks.run" in hint
+    assert err.not_on_the_ranks("NameError", tb, {}) == ""  # a typo: the notebook has no such name either
+    assert err.not_on_the_ranks("ValueError", tb, {"mine": print}) == ""

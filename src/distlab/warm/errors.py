@@ -6,6 +6,8 @@ usable (the process group passed a health check, every variable is kept), stoppe
 """
 from __future__ import annotations
 
+import re
+
 from distlab.errors import DistlabError
 
 RANK_RAISED = "distlab: rank {rank} raised {name} in {where}{others}.\n{traceback}{blocked}\n{state}"
@@ -25,11 +27,28 @@ CLOSED = "distlab: these ranks are closed. Start new ones with distlab.Ranks(...
 BUSY = "distlab: these ranks are busy with another call (from another thread); wait for it to finish."
 NO_RANKS = "distlab: no warm ranks are running. Start them first, e.g. `ranks = distlab.Ranks(2)`."
 
+NOT_ON_THE_RANKS = (
+    "\n`{name}` is defined in this notebook, not on the ranks: a %%ranks cell sees only what ran on the "
+    "ranks. Run the cell that defines `{name}` with %%ranks first, or call ranks.run(f) with a function f "
+    "that uses it (ranks.run sends the source of what f uses)."
+)
+
 STATE_USABLE = "The ranks are still usable: the process group passed a health check and every variable is kept."
 STATE_STOPPED = ("The process group did not survive ({why}), so the ranks were stopped. "
                  "Run ranks.restart() for fresh ranks (every variable on the ranks is lost).")
 STATE_RESTARTED = ("The process group could not be recovered ({why}), so the ranks were restarted: "
                    "every variable on them is lost; re-run the cells that set them up.")
+
+
+def not_on_the_ranks(name: str, traceback: str, notebook: dict) -> str:
+    """The hint for a ``NameError`` on a rank whose name the notebook defines (else ``""``): after a
+    restart, or from the middle of a notebook, a name that reached the ranks only as a side effect
+    of another cell is missing there, and a bare NameError reads as a typo."""
+    if name != "NameError":
+        return ""
+    found = re.findall(r"NameError: name '(\w+)' is not defined", traceback)
+    missing = found[-1] if found else None
+    return NOT_ON_THE_RANKS.format(name=missing) if missing is not None and missing in notebook else ""
 
 
 def plural(ranks) -> dict:

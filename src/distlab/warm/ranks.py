@@ -360,8 +360,9 @@ def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, t
             return err.RankError(text, first, "died", reply[3], usable)
         others = failures[1:]
         too = err.OTHERS_TOO.format(**err.plural(others)) if others else ""
+        hint = err.not_on_the_ranks(reply[2], reply[3], notebook_namespace())
         text = err.RANK_RAISED.format(rank=first, name=reply[2], where=where, others=too,
-                                      traceback=reply[3].rstrip(), blocked=blocked, state=state)
+                                      traceback=reply[3].rstrip() + hint, blocked=blocked, state=state)
         return err.RankError(text, first, reply[2], reply[3], usable)
     names = err.plural(stacks or conv.ranks)
     if conv.reason == "timeout":
@@ -475,3 +476,14 @@ def warn_rank_owned(fn_name: str, names: list[str]) -> None:
         shown = ", ".join(names)
         warnings.warn(f"ranks.run({fn_name}): the notebook's {shown} stay{'s' if len(names) == 1 else ''} in the "
                       f"notebook; on the ranks, {fn_name} sees each rank's own {shown}.", UserWarning, stacklevel=3)
+
+
+def notebook_namespace() -> dict:
+    """The notebook's variables: IPython's user namespace in a kernel, else ``__main__``'s."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
