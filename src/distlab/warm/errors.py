@@ -1,8 +1,9 @@
 """Errors of warm ranks (:class:`distlab.Ranks`), with their message templates.
 
 Each message says what failed, on which rank, and the state the ranks are left in: still
-usable (the process group passed a health check, every variable is kept), stopped (run
-``ranks.restart()``), or already restarted (variables lost).
+usable (the process group passed a health check, every variable is kept), or restarted
+(variables lost; the message lists the cells to re-run), or stopped (run ``ranks.restart()``, when
+even the restart failed), or already restarted (variables lost).
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ NOT_ON_THE_RANKS = (
 )
 
 STATE_USABLE = "The ranks are still usable: the process group passed a health check and every variable is kept."
-STATE_STOPPED = ("The process group did not survive ({why}), so the ranks were stopped. "
-                 "Run ranks.restart() for fresh ranks (every variable on the ranks is lost).")
 STATE_RESTARTED = ("The process group could not be recovered ({why}), so the ranks were restarted: "
-                   "every variable on them is lost; re-run the cells that set them up.")
+                   "every variable on them is lost. {rerun}")
+RERUN = "To set them up again, re-run, in this order: {calls}."
+NOTHING_TO_RERUN = "Nothing had been set up on them before this call."
 
 
 def not_on_the_ranks(name: str, traceback: str, notebook: dict) -> str:
@@ -49,6 +50,13 @@ def not_on_the_ranks(name: str, traceback: str, notebook: dict) -> str:
     found = re.findall(r"NameError: name '(\w+)' is not defined", traceback)
     missing = found[-1] if found else None
     return NOT_ON_THE_RANKS.format(name=missing) if missing is not None and missing in notebook else ""
+
+
+def restarted(why: str, calls: list[str]) -> str:
+    """What a call that broke the group says: the ranks were restarted, and what to re-run (the
+    cells and calls that set the old ranks up, oldest first); one rule whatever broke them."""
+    rerun = RERUN.format(calls=", ".join(calls)) if calls else NOTHING_TO_RERUN
+    return STATE_RESTARTED.format(why=why, rerun=rerun)
 
 
 def plural(ranks) -> dict:

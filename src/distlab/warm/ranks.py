@@ -95,6 +95,7 @@ class Ranks:
         began = time.perf_counter()
         group = self._start_group()
         self._group, self._stopped_why = group, ""
+        self._setup: list[str] = []  # what set these ranks up (cells, run, push): what to re-run after a restart
         self._finalizer = weakref.finalize(self, group.stop)
         self.start_s = time.perf_counter() - began
         _forget(self)
@@ -271,6 +272,8 @@ class Ranks:
                 status.end("failed")
                 raise
             status.end(None if isinstance(outcome, proto.RankValues) else ended_how(outcome))
+            if isinstance(outcome, proto.RankValues) and (message is None or message[0] in SETS_UP):
+                self._setup = [*(w for w in self._setup if w != where), where]
             return outcome
 
     def _converse(self, message, selected: list[int], timeout, where: str, each, status):
@@ -310,16 +313,10 @@ class Ranks:
         why = self._why_broken(conv, failures)
         usable = why is None
         if usable:
-            action = "keep"
-        elif conv.reason in ("timeout", "interrupt") and not failures:
-            self._drop_group(why, graceful=False)
-            action = "restart"
-        else:
-            self._drop_group(why, graceful=False)
-            action = "stop"
-        state = {"keep": err.STATE_USABLE, "restart": err.STATE_RESTARTED.format(why=why),
-                 "stop": err.STATE_STOPPED.format(why=why)}[action]
-        return action, build_error(conv, failures, stacks, where, timeout, state, usable)
+            return "keep", build_error(conv, failures, stacks, where, timeout, err.STATE_USABLE, usable)
+        state = err.restarted(why, self._setup)  # one rule, whatever broke the group: fresh ranks
+        self._drop_group(why, graceful=False)
+        return "restart", build_error(conv, failures, stacks, where, timeout, state, usable)
 
     def _why_broken(self, conv: Conversation, failures: list[int]) -> str | None:
         """Why the process group cannot go on, or None after a passed health check."""
@@ -344,6 +341,9 @@ class Ranks:
             conv.wait(PROBE_TIMEOUT_S)
             conv.sink.finish()
         return not conv.pending and all(reply[0] == proto.DONE and reply[2] is True for reply in conv.replies.values())
+
+
+SETS_UP = (proto.EXEC, proto.RUN, proto.PUSH)  # calls that leave state on the ranks (scatter: message None)
 
 
 def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, timeout, state: str,
