@@ -1,6 +1,10 @@
 """push / scatter / pull without processes: names, per-rank splitting, pickling, the rank's answer."""
+import os
 import pickle
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +98,19 @@ def test_a_notebook_function_or_class_is_refused_before_it_reaches_a_rank():
         with pytest.raises(distlab.CaptureError, match=rf"the value of '{name}'.*defined in the notebook.*%%ranks"):
             data.pack({name: value})
     assert pickle.loads(data.pack({"f": len, "n": 1})) == {"f": len, "n": 1}  # importable functions still travel
+
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def test_re_running_load_ext_prints_nothing(tmp_path):
+    """A learner re-runs a chapter's first cell: IPython's "already loaded" note is noise."""
+    program = ("from IPython.core.interactiveshell import InteractiveShell\n"
+               "shell = InteractiveShell.instance()\n"
+               "for _ in range(3):\n"
+               "    shell.run_cell('%load_ext distlab')\n"
+               "print('ranks magic:', 'ranks' in shell.magics_manager.magics['cell'])\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "DISTLAB_PRESTART": "0", "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ranks magic: True\n"
