@@ -89,6 +89,7 @@ def test_pull_of_a_missing_name_names_the_rank_and_keeps_the_ranks(ranks):
     assert (info.value.rank, info.value.name, info.value.usable) == (1, "NameError", True)
     assert "distlab: rank 1 raised NameError in ranks.pull('only_on_0')." in str(info.value)
     assert "name 'only_on_0' is not defined on this rank" in str(info.value)
+    assert "proto.py" not in str(info.value)  # the rank's answer, not the learner's code: no frame of it
     assert ranks.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
 
 

@@ -289,9 +289,12 @@ def test_timeout_message_word_for_word():
 def test_interrupt_is_a_keyboard_interrupt_with_the_stacks():
     conv = fake_conv({}, ranks=(0, 1), reason="interrupt")
     e = build_error(conv, [], {0: "a", 1: "b"}, "ranks.exec", None, err.STATE_USABLE, True)
-    assert type(e) is KeyboardInterrupt
+    assert isinstance(e, KeyboardInterrupt) and type(e) is err.RanksInterrupted
     assert str(e) == ("distlab: ranks.exec was interrupted on ranks 0, 1.\nWhere each rank was:\n"
                       "--- rank 0 ---\na\n--- rank 1 ---\nb\n" + err.STATE_USABLE)
+    shown = e._render_traceback_()  # IPython shows these lines instead of distlab's frames
+    assert shown[0] == "\x1b[0;31mKeyboardInterrupt: distlab: ranks.exec was interrupted on ranks 0, 1.\x1b[0m"
+    assert shown[1:] == str(e).splitlines()[1:]
 
 
 class FakeGroup:

@@ -354,3 +354,11 @@ def test_a_slurm_timeout_shows_the_learners_frames_mapped_to_the_notebook(tmp_pa
         f'  File "{tmp_path}/stuck.py", line 12 in stuck\n'
         "    (from the notebook: Cell In[7], line 3, in stuck)\n"
         f'  File "{tmp_path}/stuck.py", line 20 in <module>')
+
+
+def test_an_interrupted_slurm_job_shows_its_message_not_distlabs_frames():
+    e = errors.SlurmInterrupted(4, "/runs/x")
+    assert isinstance(e, KeyboardInterrupt)
+    assert e._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt: distlab.slurm: interrupted; job 4 was cancelled (scancel) and has left the "
+        "queue. Run folder: /runs/x\x1b[0m"]

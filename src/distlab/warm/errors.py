@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, notebook_message
 
 RANK_RAISED = "distlab: rank {rank} raised {name} in {where}{others}.\n{traceback}{blocked}\n{state}"
 OTHERS_TOO = " (rank{s} {ranks} raised too)"
@@ -85,6 +85,16 @@ class RanksTimeoutError(DistlabError, TimeoutError):
     def __init__(self, message: str, stacks: dict[int, str], usable: bool):
         super().__init__(message)
         self.stacks, self.usable = stacks, usable
+
+
+class RanksInterrupted(KeyboardInterrupt):
+    """Kernel > Interrupt during a call on warm ranks: where each rank was. Still a KeyboardInterrupt.
+
+    IPython shows ``_render_traceback_()`` instead of a traceback: the message, not distlab's frames
+    (``run_cell_magic``, ``magic.py``, ``ranks.py``) above it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return notebook_message("KeyboardInterrupt", str(self))
 
 
 class RanksStoppedError(DistlabError, RuntimeError):

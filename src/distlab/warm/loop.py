@@ -24,7 +24,7 @@ from distlab.warm import proto
 from distlab.warm import watch as rank_watch
 from distlab.worker import die_with_parent
 
-RUNTIME_FILES = ("distlab/warm/loop.py", "distlab/worker.py")
+RUNTIME_FILES = ("distlab/warm/loop.py", "distlab/warm/proto.py", "distlab/worker.py")  # not the learner's
 _state = {"req": None, "in_user_code": False}
 
 

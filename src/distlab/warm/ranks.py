@@ -369,7 +369,7 @@ def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, t
         text = err.TIMED_OUT.format(where=where, timeout=timeout, stacks=err.format_stacks(everyone), state=state,
                                     **names)
         return err.RanksTimeoutError(text, everyone, usable)
-    return KeyboardInterrupt(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
+    return err.RanksInterrupted(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
                                                     state=state, **names))
 
 
