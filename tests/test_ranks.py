@@ -337,3 +337,16 @@ def test_a_name_only_the_notebook_has_gets_a_hint_not_a_bare_name_error(ranks, m
     assert "NameError: name 'only_here' is not defined" in str(e.value)
     assert "`only_here` is defined in this notebook, not on the ranks" in str(e.value)
     assert ranks.exec("rank") == {0: 0, 1: 1}  # still usable
+
+
+def test_a_rank_waiting_in_recv_says_so_in_the_status_line_while_it_waits(ranks, monkeypatch):
+    from distlab.warm import ranks as ranks_module
+    from distlab.warm import status as rs
+
+    lines = []
+    shower = type("Shower", (), {"show": lambda self, b, i: lines.append(b["text/plain"]),
+                                 "replace": lambda self, b, i: lines.append(b["text/plain"])})()
+    monkeypatch.setattr(ranks_module, "live_status", lambda sel, lim: rs.LiveStatus(rs.CallStatus(sel, lim), shower))
+    ranks._exec("import time\nt = torch.zeros(1)\nif rank == 0:\n    time.sleep(3)\n    dist.send(t, dst=1)\n"
+                "elif rank == 1:\n    dist.recv(t, src=0)\n", "<waiting test>", "Cell In[99]", [0, 1], 30, live=True)
+    assert any("rank 0 running · rank 1 waiting in recv for rank 0" in line for line in lines), lines

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the type only: a rank never needs the capture code
 
 
 OUT, DONE, ERROR, READY, START_FAILED, BLOCKED = "out", "done", "error", "ready", "start-failed", "blocked"
+WAITING = "waiting"  # ("waiting", req, function, ranks): a rank sits in a collective (status only)
 EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
 # Names each rank owns (set when it joins the group): what a cell ships never replaces them. The
 # tutorials' code sets `rank = 0` in the notebook; shipped with a function, it made every rank rank 0.
