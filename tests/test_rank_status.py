@@ -210,3 +210,12 @@ def test_the_watch_reports_a_wait_once_after_two_looks_at_the_same_place(monkeyp
         release.release()
     assert sent == ([("waiting", 9, "all_reduce", [0, 1])] if reported else [])
 
+
+
+def test_the_line_wraps_only_between_its_parts_in_a_narrow_column():
+    """A narrow JupyterLab column broke the plain-text line mid-word."""
+    shown = rs.bundle("distlab: ranks 0, 1 · limit 2 s · 1.3 s · rank 0 running · rank 1 <done>")
+    assert shown["text/plain"] == "distlab: ranks 0, 1 · limit 2 s · 1.3 s · rank 0 running · rank 1 <done>"
+    html = shown["text/html"]
+    assert html.count('<span style="white-space: nowrap">') == 5 and "rank 1 &lt;done&gt;" in html
+    assert '<span style="white-space: nowrap">rank 0 running</span><span> · </span>' in html

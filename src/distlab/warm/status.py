@@ -74,6 +74,17 @@ class CallStatus:
         return " · ".join(parts + [f"rank {r} {s}" for r, s in sorted(self.states.items())])
 
 
+def bundle(line: str) -> dict:
+    """The line as plain text, and as HTML in which a frontend may wrap it only between its parts:
+    a narrow JupyterLab column broke the plain line mid-word (``rank 1 runn`` / ``ing``)."""
+    import html
+
+    parts = "<span> · </span>".join(f'<span style="white-space: nowrap">{html.escape(p)}</span>'
+                                    for p in line.split(" · "))
+    return {"text/plain": line, "text/html": f'<div style="font-family: var(--jp-code-font-family, monospace); '
+                                              f'font-size: var(--jp-code-font-size, 13px)">{parts}</div>'}
+
+
 class LiveStatus:
     """Draws a :class:`CallStatus` as one display output of the running cell, updated in place.
 
@@ -88,7 +99,7 @@ class LiveStatus:
         self.display_id = uuid.uuid4().hex
         self.shown = self.status.line()
         self.drawn_at = self.status.clock()
-        self.shower.show({"text/plain": self.shown}, self.display_id)
+        self.shower.show(bundle(self.shown), self.display_id)
 
     def finished(self, rank: int, kind: str) -> None:
         self.status.finished(rank, kind)
@@ -112,7 +123,7 @@ class LiveStatus:
             return
         line = self.status.line()
         if line != self.shown:
-            self.shower.replace({"text/plain": line}, self.display_id)
+            self.shower.replace(bundle(line), self.display_id)
             self.shown = line
         self.drawn_at = self.status.clock()
 
