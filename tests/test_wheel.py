@@ -7,6 +7,7 @@ install: this test sees what a ``pip install`` would give.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -46,9 +47,14 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out),
-                           str(REPO)], capture_output=True, text=True, timeout=600)
+    """Built from a copy of what the package is made of: setuptools writes build/ and *.egg-info
+    next to the sources, which must not land in the checkout."""
+    tree, out = tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, tree / name)
+    shutil.copytree(REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(tree)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return next(out.glob("distlab-*.whl"))
 
