@@ -31,6 +31,11 @@ from distlab.errors import RUN_FOLDER, RunFolderError
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
+ENV = "DISTLAB_RUNS"
+_WARNED: set[str] = set()  # fallback roots already announced in this process
+PREFIX = "proc-"
+NAME = re.compile(r"^proc-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")  # mkdtemp's random part has no "-"
+HOST_CHARS = 16  # a folder name stays short: the forkserver's socket path inside it must fit 107 bytes
 
 
 def is_private_dir(path: Path) -> bool:
@@ -167,12 +172,6 @@ def open_private(path: Path, mode: str = "w", **kwargs):
 def write_private(path: Path, data: str | bytes) -> None:
     with open_private(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
-
-ENV = "DISTLAB_RUNS"
-_WARNED: set[str] = set()  # fallback roots already announced in this process
-PREFIX = "proc-"
-NAME = re.compile(r"^proc-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")  # mkdtemp's random part has no "-"
-HOST_CHARS = 16  # a folder name stays short: the forkserver's socket path inside it must fit 107 bytes
 
 
 def default_root() -> Path:

@@ -29,10 +29,16 @@ HANDLERS: dict = {}  # run_id -> the LoopbackRendezvous of a live single-node ru
 
 def bind_loopback(port: int = 0) -> socket.socket:
     """A listening TCP socket on 127.0.0.1:``port`` (0: any free port)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    return listening_socket(LOOPBACK, port)
+
+
+def listening_socket(address: str, port: int, family: int = socket.AF_INET) -> socket.socket:
+    """A TCP socket listening on ``address:port`` only (not on every interface), set up as
+    ``TCPStore`` sets up its own: a fixed port can be reused at once."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: a fixed port reused at once
-        sock.bind((LOOPBACK, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
         sock.listen(128)
     except BaseException:
         sock.close()

@@ -30,16 +30,10 @@ def resolve(host: str) -> tuple[int, str]:
 
 def bind_to(host: str, port: int) -> socket.socket:
     """A listening socket on ``host``'s address only (port 0: a free one)."""
+    from distlab.rendezvous.loopback import listening_socket
+
     family, address = resolve(host)
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does
-        sock.bind((address, port))
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return listening_socket(address, port, family)
 
 
 def bound_tcpstore(original):
