@@ -3,6 +3,7 @@
 Pure rules first (no processes), then a kernel in a subprocess that starts the server, changes
 its own state, launches, and is finally killed with SIGKILL mid-run.
 """
+import ast
 import json
 import os
 import subprocess
@@ -461,3 +462,43 @@ def test_a_long_runs_root_still_gets_a_forkserver(tmp_path):
     done = subprocess.run([sys.executable, str(script)], env={**os.environ, "DISTLAB_RUNS": str(runs)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "{0: 0, 1: 1}" in done.stdout, done.stderr[-2000:]
+
+
+PRELOAD_THEN_DDP = """
+import os, sys, tempfile, threading
+import distlab.forkserver.preload
+import torch
+import torch.distributed as dist
+import distlab.worker
+assert not torch.cuda.is_initialized(), "the server initialised CUDA"
+assert threading.active_count() == 1, threading.enumerate()
+pid = os.fork()
+if pid == 0:  # a rank forked from the server: it may use the GPU, and its first DDP(...) imports ~nothing
+    code = 0
+    try:
+        if torch.cuda.is_available():
+            torch.ones(1, device="cuda").sum().item()
+        os.environ["GLOO_SOCKET_IFNAME"] = distlab.worker.loopback_interface()
+        store = os.path.join(tempfile.mkdtemp(), "store")
+        dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+        before = set(sys.modules)
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        print("NEW", sorted(set(sys.modules) - before), flush=True)
+        dist.destroy_process_group()
+    except BaseException as e:
+        print("FAILED", repr(e), flush=True)
+        code = 1
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the forkserver forks")
+def test_the_server_preloads_what_ddp_needs_without_touching_cuda():
+    """DDP's constructor reads torch._dynamo (~800 modules imported lazily, 1-6 s): the server imports
+    it, so a forked rank's first DDP(...) imports next to nothing, and a forked rank may still use CUDA."""
+    done = subprocess.run([sys.executable, "-c", PRELOAD_THEN_DDP], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    new = ast.literal_eval(done.stdout.split("NEW ", 1)[1].splitlines()[0])
+    assert len(new) < 20, new

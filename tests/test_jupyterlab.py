@@ -386,7 +386,11 @@ def test_a_ranks_cell_shows_its_ranks_and_limit_while_it_runs_then_how_it_ended(
         line = nb.wait(lambda: _status_line(nb.outputs(1), "rank 1 done in"), "the status line, rank 1 done")
         nb.shot("ranks-1-running")
         assert nb.prompt(1) == "[*]:", f"the status line was seen only after the cell ended: {line}"
-        assert line.startswith("distlab: ranks 0, 1 · limit 100 s · ") and "rank 0 running" in line, line
+        assert line.startswith("distlab: ranks 0, 1 · limit 100 s · ") and (
+            "rank 0 running" in line or "rank 0 waiting in all_reduce for rank 1" in line), line
+        line = nb.wait(lambda: _status_line(nb.outputs(1), "rank 0 waiting in all_reduce for rank 1"),
+                       "rank 0 saying where it waits, while it waits")
+        assert nb.prompt(1) == "[*]:" and "\n" not in line, line
         nb.menu("Kernel", "Interrupt Kernel")
         nb.wait(lambda: nb.finished(1), "the interrupted cell to end")
         nb.shot("ranks-2-interrupted")

@@ -159,3 +159,23 @@ def test_run_script_of_a_file_outside_the_run_folder_ignores_an_origins_file_bes
     with pytest.raises(distlab.WorkerFailedError) as failed:
         distlab.run_script(path, 1, view=None, timeout=60)
     assert "ZeroDivisionError" in str(failed.value) and "PLANTED" not in str(failed.value)
+
+
+def test_a_hanging_ranks_dump_names_the_cell_only_for_the_runs_own_script(tmp_path):
+    import json
+
+    from distlab.capture.origins import annotate_dump
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    for folder in (run, elsewhere):
+        folder.mkdir()
+        (folder / "hang.origins.json").write_text(json.dumps(
+            [{"qualname": "hang", "first": 5, "last": 9, "where": "Cell In[2]", "line": 3}]))
+    dump = (f'  File "{run}/hang.py", line 7 in hang\n'
+            f'  File "{elsewhere}/hang.py", line 7 in hang\n'
+            f'  File "{run}/hang.py", line 30 in <module>')
+    assert annotate_dump(dump, run).splitlines() == [
+        f'  File "{run}/hang.py", line 7 in hang',
+        "    (from the notebook: Cell In[2], line 5, in hang)",
+        f'  File "{elsewhere}/hang.py", line 7 in hang',  # another folder's origins are not trusted
+        f'  File "{run}/hang.py", line 30 in <module>']

@@ -1,6 +1,10 @@
 """push / scatter / pull without processes: names, per-rank splitting, pickling, the rank's answer."""
+import os
 import pickle
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +87,30 @@ def test_magic_push_reads_the_notebooks_variables_and_names_a_missing_one():
     assert pushed_values(["a"], {"a": 3, "b": 4}) == {"a": 3}
     with pytest.raises(UsageError, match="the notebook has no variable 'c'"):
         pushed_values(["a", "c"], {"a": 3})
+
+
+def test_a_notebook_function_or_class_is_refused_before_it_reaches_a_rank():
+    """It pickles in the kernel (``__main__.mine``) and failed on the rank with a bare
+    AttributeError; a lambda already got this error."""
+    ns = {"__name__": "__main__"}
+    exec("def mine(r):\n    return r\nclass Box:\n    pass\n", ns)
+    for name, value in (("mine", ns["mine"]), ("Box", ns["Box"])):
+        with pytest.raises(distlab.CaptureError, match=rf"the value of '{name}'.*defined in the notebook.*%%ranks"):
+            data.pack({name: value})
+    assert pickle.loads(data.pack({"f": len, "n": 1})) == {"f": len, "n": 1}  # importable functions still travel
+
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def test_re_running_load_ext_prints_nothing(tmp_path):
+    """A learner re-runs a chapter's first cell: IPython's "already loaded" note is noise."""
+    program = ("from IPython.core.interactiveshell import InteractiveShell\n"
+               "shell = InteractiveShell.instance()\n"
+               "for _ in range(3):\n"
+               "    shell.run_cell('%load_ext distlab')\n"
+               "print('ranks magic:', 'ranks' in shell.magics_manager.magics['cell'])\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "DISTLAB_PRESTART": "0", "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ranks magic: True\n"

@@ -182,3 +182,40 @@ def test_the_watch_hears_sigint_through_the_wakeup_fd(monkeypatch):
     finally:
         signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_rank_that_sits_in_a_collective_says_so_while_it_waits():
+    """A hang said "rank 1 running" for the whole limit and only at the end "blocked in recv"."""
+    status, clock, shower = live(limit=None)
+    clock.now += 4.0
+    status.waiting(1, "recv", [0])
+    assert shower.texts()[-1] == ("distlab: ranks 0, 1 · limit none · 4.0 s · rank 0 running · "
+                                  "rank 1 waiting in recv for rank 0")
+    status.waiting(0, "all_reduce", [0, 1])
+    assert shower.texts()[-1].endswith("rank 0 waiting in all_reduce for rank 1 · rank 1 waiting in recv for rank 0")
+    status.blocked(1, "recv")  # then an interrupt finds it there
+    status.finished(0, "done")
+    assert status.status.line().endswith("rank 0 done in 4.00 s · rank 1 blocked in recv")
+
+
+@pytest.mark.parametrize("code_file, reported", [(C10D, True), ("/x/my_cell.py", False)])
+def test_the_watch_reports_a_wait_once_after_two_looks_at_the_same_place(monkeypatch, code_file, reported):
+    fake_dist(monkeypatch, {None: [0, 1]})
+    sent, seen = [], {}
+    thread, release = blocked_thread(code_file)
+    try:
+        for _ in range(3):  # first look: noted; second: the same place, reported; third: already said
+            rank_watch.report_if_waiting(SimpleNamespace(send=sent.append), {"req": 9}, thread.ident, seen)
+    finally:
+        release.release()
+    assert sent == ([("waiting", 9, "all_reduce", [0, 1])] if reported else [])
+
+
+
+def test_the_line_wraps_only_between_its_parts_in_a_narrow_column():
+    """A narrow JupyterLab column broke the plain-text line mid-word."""
+    shown = rs.bundle("distlab: ranks 0, 1 · limit 2 s · 1.3 s · rank 0 running · rank 1 <done>")
+    assert shown["text/plain"] == "distlab: ranks 0, 1 · limit 2 s · 1.3 s · rank 0 running · rank 1 <done>"
+    html = shown["text/html"]
+    assert html.count('<span style="white-space: nowrap">') == 5 and "rank 1 &lt;done&gt;" in html
+    assert '<span style="white-space: nowrap">rank 0 running</span><span> · </span>' in html

@@ -89,6 +89,7 @@ def test_pull_of_a_missing_name_names_the_rank_and_keeps_the_ranks(ranks):
     assert (info.value.rank, info.value.name, info.value.usable) == (1, "NameError", True)
     assert "distlab: rank 1 raised NameError in ranks.pull('only_on_0')." in str(info.value)
     assert "name 'only_on_0' is not defined on this rank" in str(info.value)
+    assert "proto.py" not in str(info.value)  # the rank's answer, not the learner's code: no frame of it
     assert ranks.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
 
 
@@ -249,19 +250,22 @@ def test_a_blocked_collective_times_out_with_stacks_and_the_ranks_restart(fragil
     assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
 
 
-def test_a_failure_that_leaves_a_rank_blocked_stops_the_ranks_until_restart(fragile):
+def test_a_failure_that_leaves_a_rank_blocked_restarts_the_ranks_and_says_what_to_rerun(fragile):
+    """The likeliest mistake of chapter 4 (a typo on one rank while the other waits in recv) used to
+    stop the ranks until ranks.restart(); a timeout restarted them. One rule now: restart, and list
+    the calls that set the old ranks up."""
+    fragile.exec("v = 1")
+    fragile.push(w=2)
     before = fragile.pids
     with pytest.raises(err.RankError) as info:
         fragile.exec("if rank == 1:\n    raise RuntimeError('rank 1 gives up')\ndist.all_reduce(torch.ones(1))\n")
     e = info.value
     assert (e.rank, e.usable) == (1, False)
     assert "Ranks still running after that failure, and where they were:\n--- rank 0 ---" in str(e)
-    assert "rank 0 stayed blocked after rank 1 failed" in str(e) and "Run ranks.restart()" in str(e)
-    assert fragile.state == "stopped" and gone_soon(before)
-    with pytest.raises(err.RanksStoppedError, match="Run ranks.restart"):
-        fragile.exec("1")
-    fragile.restart()
-    assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
+    assert "rank 0 stayed blocked after rank 1 failed" in str(e) and "so the ranks were restarted" in str(e)
+    assert "re-run, in this order: ranks.exec, ranks.push(w)." in str(e)
+    assert fragile.state == "ready" and set(fragile.pids).isdisjoint(before) and gone_soon(before)
+    assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}  # the fixed cell runs at once
 
 
 def test_a_failure_that_broke_the_group_is_caught_by_the_health_check(fragile):
@@ -269,8 +273,7 @@ def test_a_failure_that_broke_the_group_is_caught_by_the_health_check(fragile):
         fragile.exec("if rank == 1:\n    dist.destroy_process_group()\n    raise RuntimeError('left the group')\n")
     assert (info.value.rank, info.value.usable) == (1, False)
     assert "(the health check, one all_reduce on every rank, failed)" in str(info.value)
-    assert fragile.state == "stopped"
-    fragile.restart()
+    assert fragile.state == "ready"
     assert fragile.exec(ALL_REDUCE) == {0: 2.0, 1: 2.0}
 
 
@@ -280,7 +283,7 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code(fragile):
         fragile.exec("import os\nif rank == 1:\n    os._exit(3)\n")
     assert (info.value.rank, info.value.name) == (1, "died")
     assert "distlab: rank 1 died (exit code 3) in ranks.exec." in str(info.value)
-    assert fragile.state == "stopped" and gone_soon(before)
+    assert fragile.state == "ready" and gone_soon(before)
 
 
 def test_close_and_the_end_of_a_with_block_leave_no_rank():
@@ -313,3 +316,37 @@ def test_a_rank_that_cannot_start_is_named_with_its_output_and_nothing_is_left(m
     assert str(info.value) == ("distlab: rank 1 could not start (exited with code 3).\nno torch here\n"
                                "Nothing is left running.")
     assert len(started) == 2 and gone_soon(started)
+
+
+def test_a_notebook_rank_never_replaces_each_ranks_own(ranks, monkeypatch):
+    """The tutorials' code sets ``rank = 0`` in the notebook; shipped with a function, it made
+    every rank rank 0 until a restart (and a following ``if rank == 0: send`` cell deadlocked)."""
+    ns = run_cells("import torch\nrank = 0\nworld_size = 1\ndevice = torch.device('cpu')\n",
+                   "def whoami():\n    return rank, world_size, str(device)\n")
+    as_main(monkeypatch, ns)
+    with pytest.warns(UserWarning, match=r"ranks.run\(whoami\): the notebook's rank, world_size, device stay"):
+        assert ranks.run(ns["whoami"]) == {0: (0, 2, "cpu"), 1: (1, 2, "cpu")}
+    assert ranks.exec("rank, world_size") == {0: (0, 2), 1: (1, 2)}  # later cells still see their own
+
+
+def test_a_name_only_the_notebook_has_gets_a_hint_not_a_bare_name_error(ranks, monkeypatch):
+    ns = run_cells("def only_here(r):\n    return r\n")
+    as_main(monkeypatch, ns)
+    with pytest.raises(distlab.RankError) as e:
+        ranks.exec("only_here(rank)")
+    assert "NameError: name 'only_here' is not defined" in str(e.value)
+    assert "`only_here` is defined in this notebook, not on the ranks" in str(e.value)
+    assert ranks.exec("rank") == {0: 0, 1: 1}  # still usable
+
+
+def test_a_rank_waiting_in_recv_says_so_in_the_status_line_while_it_waits(ranks, monkeypatch):
+    from distlab.warm import ranks as ranks_module
+    from distlab.warm import status as rs
+
+    lines = []
+    shower = type("Shower", (), {"show": lambda self, b, i: lines.append(b["text/plain"]),
+                                 "replace": lambda self, b, i: lines.append(b["text/plain"])})()
+    monkeypatch.setattr(ranks_module, "live_status", lambda sel, lim: rs.LiveStatus(rs.CallStatus(sel, lim), shower))
+    ranks._exec("import time\nt = torch.zeros(1)\nif rank == 0:\n    time.sleep(3)\n    dist.send(t, dst=1)\n"
+                "elif rank == 1:\n    dist.recv(t, src=0)\n", "<waiting test>", "Cell In[99]", [0, 1], 30, live=True)
+    assert any("rank 0 running · rank 1 waiting in recv for rank 0" in line for line in lines), lines

@@ -253,19 +253,21 @@ def test_rank_raised_message_word_for_word():
 
 def test_blocked_after_failure_message_shows_where_the_others_were():
     conv = fake_conv({1: ("error", 3, "KeyError", "KeyError: 'x'\n")})
-    state = err.STATE_STOPPED.format(why="rank 0 stayed blocked after rank 1 failed")
+    state = err.restarted("rank 0 stayed blocked after rank 1 failed", ["Cell In[2]", "ranks.push(x)"])
     e = build_error(conv, [1], {0: 'File "Cell In[6]", line 4 in <module>'}, "Cell In[6]", None, state, False)
     assert str(e) == (
         "distlab: rank 1 raised KeyError in Cell In[6].\nKeyError: 'x'\n"
         "Ranks still running after that failure, and where they were:\n"
         '--- rank 0 ---\nFile "Cell In[6]", line 4 in <module>\n'
-        "The process group did not survive (rank 0 stayed blocked after rank 1 failed), so the ranks were stopped. "
-        "Run ranks.restart() for fresh ranks (every variable on the ranks is lost).")
+        "The process group could not be recovered (rank 0 stayed blocked after rank 1 failed), so the ranks were "
+        "restarted: every variable on them is lost. To set them up again, re-run, in this order: Cell In[2], "
+        "ranks.push(x).")
+    assert err.restarted("rank 1 died", []).endswith("Nothing had been set up on them before this call.")
 
 
 def test_died_message_word_for_word():
     conv = fake_conv({1: ("died", 2, -9, "last words")})
-    state = err.STATE_STOPPED.format(why="rank 1 died")
+    state = err.restarted("rank 1 died", [])
     e = build_error(conv, [1], {}, "ranks.exec", None, state, False)
     assert str(e) == ("distlab: rank 1 died (exit code -9) in ranks.exec.\n"
                       "--- last lines of its log ---\nlast words\n" + state)
@@ -273,7 +275,7 @@ def test_died_message_word_for_word():
 
 def test_timeout_message_word_for_word():
     conv = fake_conv({1: ("done", 5, None)}, reason="timeout")
-    state = err.STATE_RESTARTED.format(why="rank 0 did not come back")
+    state = err.restarted("rank 0 did not come back", ["Cell In[2]"])
     e = build_error(conv, [], {0: "File \"Cell In[5]\", line 3 in <module>"}, "Cell In[5]", 3.0, state, False)
     assert isinstance(e, err.RanksTimeoutError) and set(e.stacks) == {0, 1}
     assert str(e) == (
@@ -281,15 +283,18 @@ def test_timeout_message_word_for_word():
         '--- rank 0 ---\nFile "Cell In[5]", line 3 in <module>\n--- rank 1 ---\n(finished this call)\n'
         "A rank waiting in a collective usually means another rank never called it.\n"
         "The process group could not be recovered (rank 0 did not come back), so the ranks were restarted: "
-        "every variable on them is lost; re-run the cells that set them up.")
+        "every variable on them is lost. To set them up again, re-run, in this order: Cell In[2].")
 
 
 def test_interrupt_is_a_keyboard_interrupt_with_the_stacks():
     conv = fake_conv({}, ranks=(0, 1), reason="interrupt")
     e = build_error(conv, [], {0: "a", 1: "b"}, "ranks.exec", None, err.STATE_USABLE, True)
-    assert type(e) is KeyboardInterrupt
+    assert isinstance(e, KeyboardInterrupt) and type(e) is err.RanksInterrupted
     assert str(e) == ("distlab: ranks.exec was interrupted on ranks 0, 1.\nWhere each rank was:\n"
                       "--- rank 0 ---\na\n--- rank 1 ---\nb\n" + err.STATE_USABLE)
+    shown = e._render_traceback_()  # IPython shows these lines instead of distlab's frames
+    assert shown[0] == "\x1b[0;31mKeyboardInterrupt: distlab: ranks.exec was interrupted on ranks 0, 1.\x1b[0m"
+    assert shown[1:] == str(e).splitlines()[1:]
 
 
 class FakeGroup:
@@ -350,3 +355,12 @@ def test_state_messages_word_for_word():
         "(every variable on the ranks is lost).")
     assert err.START_FAILED.format(rank=1, problem="exited with code 1", detail="ImportError: x") == (
         "distlab: rank 1 could not start (exited with code 1).\nImportError: x\nNothing is left running.")
+
+
+def test_a_name_error_for_a_name_the_notebook_defines_says_where_it_is_missing():
+    tb = ('Traceback (most recent call last):\n  File "Cell In[4]", line 1, in <module>\n'
+          "NameError: name 'mine' is not defined\n")
+    hint = err.not_on_the_ranks("NameError", tb, {"mine": print})
+    assert "`mine` is defined in this notebook, not on the ranks" in hint and "%%ranks" in hint and "ranks.run" in hint
+    assert err.not_on_the_ranks("NameError", tb, {}) == ""  # a typo: the notebook has no such name either
+    assert err.not_on_the_ranks("ValueError", tb, {"mine": print}) == ""

@@ -319,3 +319,46 @@ def test_the_one_node_agent_stops_the_others_when_a_rank_fails():
     done = [_Child(0, 1), _Child(0, 3)]
     assert rank.wait_all(dict(enumerate(done)), lambda r, c: None) == [0, 0]
     assert all(c.signals == [] for c in done)
+
+
+SLURM_DUMP = """Thread 0x00007f01 (most recent call first):
+  File "/src/distlab/worker.py", line 88 in _exit_with_parent
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007f02 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in recv
+  File "{folder}/stuck.py", line 12 in stuck
+  File "/src/distlab/worker.py", line 124 in main
+  File "{folder}/stuck.py", line 20 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+  File "/src/distlab/worker.py", line 260 in bootstrap
+  File "/src/distlab/slurm/bound.py", line 113 in main
+  File "/src/distlab/launch/rank.py", line 11 in <module>
+"""
+
+
+def test_a_slurm_timeout_shows_the_learners_frames_mapped_to_the_notebook(tmp_path):
+    """Chapter 13's hang printed 53 lines of watchdog, worker, runpy and start frames, and named the
+    learner's frame stuck.py instead of its cell."""
+    import json
+
+    from distlab.slurm.job import job_stack
+
+    (tmp_path / "stuck.py").write_text("# the job's script\n")
+    (tmp_path / "stuck.origins.json").write_text(json.dumps(
+        [{"qualname": "stuck", "first": 10, "last": 14, "where": "Cell In[7]", "line": 1}]))
+    text = job_stack(SLURM_DUMP.format(folder=tmp_path), tmp_path)
+    assert text == (
+        "Current thread 0x00007f02 (most recent call first):\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in recv\n'
+        f'  File "{tmp_path}/stuck.py", line 12 in stuck\n'
+        "    (from the notebook: Cell In[7], line 3, in stuck)\n"
+        f'  File "{tmp_path}/stuck.py", line 20 in <module>')
+
+
+def test_an_interrupted_slurm_job_shows_its_message_not_distlabs_frames():
+    e = errors.SlurmInterrupted(4, "/runs/x")
+    assert isinstance(e, KeyboardInterrupt)
+    assert e._render_traceback_() == [
+        "\x1b[0;31mKeyboardInterrupt: distlab.slurm: interrupted; job 4 was cancelled (scancel) and has left the "
+        "queue. Run folder: /runs/x\x1b[0m"]

@@ -40,7 +40,21 @@ _prestart.maybe_start()  # in a notebook: the forkserver starts now, in the back
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext distlab``: adds the ``%%ranks`` cell magic (see :mod:`distlab.warm.magic`)."""
+    """``%load_ext distlab``: adds the ``%%ranks`` cell magic (see :mod:`distlab.warm.magic`).
+
+    Re-running that first cell prints nothing: distlab leaves IPython's list of loaded extensions
+    after each cell, so a second ``%load_ext distlab`` loads it again (registering the magic
+    twice is harmless) instead of printing IPython's "already loaded" note."""
     from distlab.warm.magic import register
 
     register(ipython)
+    if _forget_loaded not in ipython.events.callbacks["post_run_cell"]:
+        ipython.events.register("post_run_cell", _forget_loaded)
+
+
+def _forget_loaded(*_result) -> None:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.extension_manager.loaded.discard(__name__)

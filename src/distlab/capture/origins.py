@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import traceback
 from pathlib import Path
 
@@ -102,6 +103,25 @@ def place(filename: str, lineno: int, cache: dict | None = None) -> str | None:
         return None
     o = min(inside, key=lambda o: o["last"] - o["first"])  # the innermost: a method, not its class
     return f"{o['where']}, line {o['line'] + lineno - o['first']}, in {o['qualname']}"
+
+
+FAULTHANDLER_FRAME = re.compile(r'^(\s*)File "(?P<file>[^"]+)", line (?P<line>\d+) in ')
+
+
+def annotate_dump(dump: str, folder) -> str:
+    """A faulthandler stack dump (a rank that hangs) with the notebook place under each frame of a
+    script in the run's own ``folder``: ``File ".../stuck.py", line 18 in hang`` is followed by
+    ``(from the notebook: Cell In[3], line 4, in hang)``. Frames of files elsewhere are left alone
+    (an ``.origins.json`` beside them may have been written by anyone)."""
+    folder, cache, lines = os.path.realpath(folder), {}, []
+    for line in dump.splitlines():
+        lines.append(line)
+        m = FAULTHANDLER_FRAME.match(line)
+        if m and os.path.dirname(os.path.realpath(m["file"])) == folder:
+            where = place(m["file"], int(m["line"]), cache)
+            if where:
+                lines.append(f"{m.group(1)}  (from the notebook: {where})")
+    return "\n".join(lines)
 
 
 class _NotebookStack(traceback.StackSummary):

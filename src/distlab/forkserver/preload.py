@@ -1,8 +1,9 @@
 """What distlab's forkserver process imports before it forks any rank (``distlab.forkserver.client.PRELOAD``).
 
 Imported only in that server, never in a kernel or a rank. It ties the server to the kernel,
-imports what every rank needs (torch, ``torch.distributed``, torchelastic's worker wrapper and
-distlab's worker runtime), and never touches CUDA: a rank forked from here may use a GPU.
+imports what every rank needs (torch, ``torch.distributed``, torchelastic's worker wrapper,
+distlab's worker runtime, and ``torch._dynamo``, which DDP's constructor reads), and never
+touches CUDA: a rank forked from here may use a GPU.
 
 The server must not outlive the kernel that started it: on Linux the kernel sends it SIGKILL
 when the kernel dies (``PR_SET_PDEATHSIG``), even a SIGKILLed kernel. Everywhere else (and as a
@@ -29,6 +30,16 @@ import multiprocessing.synchronize  # noqa: E402,F401
 import runpy  # noqa: E402,F401
 
 import torch  # noqa: E402,F401
+
+# DistributedDataParallel's constructor reads torch._dynamo.utils.get_optimize_ddp_mode(), and
+# torch imports torch._dynamo lazily: ~810 modules (dynamo, sympy, parts of inductor and onnx).
+# Imported here once, not by each rank's first DDP(...), which took 1.5 s here (1-6 s on busy
+# cores; other examples take 0.05-0.2 s) and now ~10 ms; a rank's USS after a DDP step 109 -> 14 MB.
+# The server's preload takes ~1.4 s longer (1.5 -> 2.9 s, in the background) and 66 MB more RSS,
+# shared with its ranks; a plain launch is as fast as before (bench/ddp_first.py, launch_latency.py).
+# No CUDA: torch.cuda is not initialised and no thread is started (tests/test_forkserver.py, which
+# also uses CUDA in a forked child; checked on a CPU build only: with triton installed it imports triton).
+import torch._dynamo  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 import torch.distributed.elastic.multiprocessing  # noqa: E402,F401
 import torch.utils.serialization  # noqa: E402,F401  (torch.save imports it: every rank saves its return value)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from distlab.capture.origins import annotate_dump
 from distlab.folders.runfolder import RunFolder
 from distlab.view.stacks import clean_stack
 
@@ -287,12 +288,13 @@ class Watcher:
         for rank in range(self.world_size):
             path = self.folder.stack(rank)
             text = path.read_text(errors="replace") if path.exists() else ""
-            stacks[rank] = rank_stack(text) or missing
+            stacks[rank] = annotate_dump(rank_stack(text), self.folder.path) or missing
         return stacks
 
 
 RUNTIME_FRAMES = ("distlab/worker.py", "distlab/launch/rank.py", "<frozen runpy>", "threading.py",
-                  "distlab/forkserver/spare.py", "distlab/forkserver/server.py")  # how a forked rank started
+                  "distlab/forkserver/spare.py", "distlab/forkserver/server.py",  # how a forked rank started
+                  "distlab/slurm/bound.py")  # how a rank of a multi-node Slurm job started
 
 
 def rank_stack(dump: str) -> str:

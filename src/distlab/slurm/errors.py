@@ -5,7 +5,7 @@ Each says what failed, where (which job, which rank) and what to do next, like
 """
 from __future__ import annotations
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, notebook_message
 
 NOT_FOUND = ("distlab.slurm: {what} not found. {hint}")
 NO_SLURM_HINT = ("Install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client; on a cluster: "
@@ -80,6 +80,10 @@ class SlurmInterrupted(KeyboardInterrupt):
     def __init__(self, job_id: int, run_dir):
         self.job_id, self.run_dir = job_id, run_dir
         super().__init__(INTERRUPTED.format(job_id=job_id, run_dir=run_dir))
+
+    def _render_traceback_(self) -> list[str]:
+        """The message, not distlab's frames (``run_cell_magic``, ``slurm/job.py``) above it."""
+        return notebook_message("KeyboardInterrupt", str(self))
 
 
 class ClusterError(SlurmError):

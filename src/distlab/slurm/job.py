@@ -204,12 +204,21 @@ class SlurmJob:
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline and not all(_nonempty(self.folder.stack(r)) for r in started):
             time.sleep(POLL_S)
-        stacks = {r: self.folder.stack(r).read_text(errors="replace") for r in started
+        stacks = {r: job_stack(self.folder.stack(r).read_text(errors="replace"), self.folder.path) for r in started
                   if _nonempty(self.folder.stack(r))}
         self.cancel()
         self._poll_state()
         self._show(view, final=True)
         raise SlurmTimeoutError(self.id, timeout, stacks, self.run_dir, result=self.result())
+
+
+def job_stack(dump: str, folder) -> str:
+    """A rank's dump as ``spawn``'s timeout shows it: distlab's frames out (the watchdog, the worker
+    runtime, ``runpy``, the rank's start), each frame of the job's script mapped to its notebook cell."""
+    from distlab.capture.origins import annotate_dump
+    from distlab.launch.watch import rank_stack
+
+    return annotate_dump(rank_stack(dump), folder) or "(no Python frames: it may have just finished)"
 
 
 def read_returns(folder: RunFolder, world_size: int, uid: int) -> dict:

@@ -12,6 +12,7 @@ pickled fails here, before anything is sent, with its name in the error.
 """
 from __future__ import annotations
 
+import inspect
 import keyword
 import pickle
 
@@ -46,7 +47,17 @@ def merge(namespace, values: dict, what: str) -> dict:
 
 
 def pack(values: dict) -> bytes:
-    """Pickle ``{name: value}``; a value that cannot travel is named before anything is sent."""
+    """Pickle ``{name: value}``; a value that cannot travel is named before anything is sent.
+
+    A function or class defined in the notebook pickles here (by reference, ``__main__.name``) but
+    a rank cannot find it: it is refused with the same error as a lambda."""
+    for name, value in values.items():
+        if _defined_in_notebook(value):
+            kind = "class" if isinstance(value, type) else "function"
+            raise CaptureError(f"the value of {name!r}", f"{value.__name__} is a {kind} defined in the notebook, "
+                               "and a rank has no notebook to find it in",
+                               f"Define it on the ranks: run the cell that defines {value.__name__} with %%ranks, "
+                               "or call ranks.run(f) with a function f that uses it (both send its source).")
     try:
         return pickle.dumps(values)
     except Exception:
@@ -59,6 +70,10 @@ def pack(values: dict) -> bytes:
                                "Send data (tensors, numbers, lists, dicts); define functions and classes on "
                                "the ranks instead (a %%ranks cell or ranks.run).") from None
     return pickle.dumps(values)
+
+
+def _defined_in_notebook(value) -> bool:
+    return (inspect.isfunction(value) or inspect.isclass(value)) and getattr(value, "__module__", None) == "__main__"
 
 
 def split(values: dict, selected: list[int]) -> dict[int, dict]:

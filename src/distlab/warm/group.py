@@ -405,6 +405,9 @@ class Conversation:
                 if msg[1] == self.req:
                     self.blocked[rank] = (msg[2], msg[3])
                     self.status.blocked(rank, msg[2])
+            elif msg[0] == proto.WAITING:
+                if msg[1] == self.req:
+                    self.status.waiting(rank, msg[2], msg[3])
             elif msg[0] == "died" or msg[1] == self.req:
                 self._record(rank, (msg[0], msg[1], proto.load_value(msg[2])) if msg[0] == proto.DONE else msg)
 

@@ -24,7 +24,7 @@ from distlab.warm import proto
 from distlab.warm import watch as rank_watch
 from distlab.worker import die_with_parent
 
-RUNTIME_FILES = ("distlab/warm/loop.py", "distlab/worker.py")
+RUNTIME_FILES = ("distlab/warm/loop.py", "distlab/warm/proto.py", "distlab/worker.py")  # not the learner's
 _state = {"req": None, "in_user_code": False}
 
 
@@ -136,7 +136,8 @@ def _run(units: list, values: bytes, entry: str, args: bytes, ns: dict):
         for source, filename, cell in units:
             _remember_source(filename, cell)
             exec(compile(source, filename, "exec"), ns)
-        ns.update(pickle.loads(values))
+        shipped = pickle.loads(values)
+        ns.update({name: v for name, v in shipped.items() if name not in proto.RANK_OWNED})
         return ns[entry](*pickle.loads(args))
 
 

@@ -34,7 +34,11 @@ if TYPE_CHECKING:  # the type only: a rank never needs the capture code
 
 
 OUT, DONE, ERROR, READY, START_FAILED, BLOCKED = "out", "done", "error", "ready", "start-failed", "blocked"
+WAITING = "waiting"  # ("waiting", req, function, ranks): a rank sits in a collective (status only)
 EXEC, RUN, PUSH, PULL, PROBE, CLOSE = "exec", "run", "push", "pull", "probe", "close"
+# Names each rank owns (set when it joins the group): what a cell ships never replaces them. The
+# tutorials' code sets `rank = 0` in the notebook; shipped with a function, it made every rank rank 0.
+RANK_OWNED = ("rank", "world_size", "device")
 
 
 # --- running source --------------------------------------------------------------------------
@@ -73,9 +77,17 @@ def locate(text: str, lines: list[str]) -> int | None:
 
 
 def captured_head(cap: Captured) -> str:
-    """Imports and constants of a capture, in the order a generated script has them."""
+    """Imports and constants of a capture, in the order a generated script has them; a constant
+    that would replace a name each rank owns (:data:`RANK_OWNED`) is left out."""
     lines = sorted(cap.imports, key=lambda line: (line.startswith("from"), line))
-    return "\n".join(lines + cap.constants) + "\n"
+    constants = [line for line in cap.constants if line.split(" = ", 1)[0] not in RANK_OWNED]
+    return "\n".join(lines + constants) + "\n"
+
+
+def shipped_rank_names(cap: Captured) -> list[str]:
+    """The names each rank owns that ``cap`` would ship from the notebook (left out when sent)."""
+    constants = {line.split(" = ", 1)[0] for line in cap.constants}
+    return [name for name in RANK_OWNED if name in constants or name in cap.values]
 
 
 def defined_name(source: str) -> str | None:

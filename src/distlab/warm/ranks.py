@@ -95,6 +95,7 @@ class Ranks:
         began = time.perf_counter()
         group = self._start_group()
         self._group, self._stopped_why = group, ""
+        self._setup: list[str] = []  # what set these ranks up (cells, run, push): what to re-run after a restart
         self._finalizer = weakref.finalize(self, group.stop)
         self.start_s = time.perf_counter() - began
         _forget(self)
@@ -180,7 +181,9 @@ class Ranks:
         head = proto.captured_head(cap)
         units = [(head, f"<distlab: imports for {fn.__name__}>", head)]
         units += [definition_unit(text, fn.__globals__) for text in cap.definitions]
-        payload = (units, pickle.dumps(cap.values), cap.entry, pickle.dumps(args))
+        warn_rank_owned(fn.__name__, proto.shipped_rank_names(cap))
+        values = {name: v for name, v in cap.values.items() if name not in proto.RANK_OWNED}
+        payload = (units, pickle.dumps(values), cap.entry, pickle.dumps(args))
         outcome = self._call((proto.RUN, *payload), selected, limit, f"ranks.run({fn.__name__})")
         if isinstance(outcome, BaseException):
             raise outcome
@@ -269,6 +272,8 @@ class Ranks:
                 status.end("failed")
                 raise
             status.end(None if isinstance(outcome, proto.RankValues) else ended_how(outcome))
+            if isinstance(outcome, proto.RankValues) and (message is None or message[0] in SETS_UP):
+                self._setup = [*(w for w in self._setup if w != where), where]
             return outcome
 
     def _converse(self, message, selected: list[int], timeout, where: str, each, status):
@@ -308,16 +313,10 @@ class Ranks:
         why = self._why_broken(conv, failures)
         usable = why is None
         if usable:
-            action = "keep"
-        elif conv.reason in ("timeout", "interrupt") and not failures:
-            self._drop_group(why, graceful=False)
-            action = "restart"
-        else:
-            self._drop_group(why, graceful=False)
-            action = "stop"
-        state = {"keep": err.STATE_USABLE, "restart": err.STATE_RESTARTED.format(why=why),
-                 "stop": err.STATE_STOPPED.format(why=why)}[action]
-        return action, build_error(conv, failures, stacks, where, timeout, state, usable)
+            return "keep", build_error(conv, failures, stacks, where, timeout, err.STATE_USABLE, usable)
+        state = err.restarted(why, self._setup)  # one rule, whatever broke the group: fresh ranks
+        self._drop_group(why, graceful=False)
+        return "restart", build_error(conv, failures, stacks, where, timeout, state, usable)
 
     def _why_broken(self, conv: Conversation, failures: list[int]) -> str | None:
         """Why the process group cannot go on, or None after a passed health check."""
@@ -344,6 +343,9 @@ class Ranks:
         return not conv.pending and all(reply[0] == proto.DONE and reply[2] is True for reply in conv.replies.values())
 
 
+SETS_UP = (proto.EXEC, proto.RUN, proto.PUSH)  # calls that leave state on the ranks (scatter: message None)
+
+
 def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, timeout, state: str,
                 usable: bool) -> BaseException:
     """The exception a failed, timed-out or interrupted call raises; ``state`` says what is left."""
@@ -358,15 +360,16 @@ def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, t
             return err.RankError(text, first, "died", reply[3], usable)
         others = failures[1:]
         too = err.OTHERS_TOO.format(**err.plural(others)) if others else ""
+        hint = err.not_on_the_ranks(reply[2], reply[3], notebook_namespace())
         text = err.RANK_RAISED.format(rank=first, name=reply[2], where=where, others=too,
-                                      traceback=reply[3].rstrip(), blocked=blocked, state=state)
+                                      traceback=reply[3].rstrip() + hint, blocked=blocked, state=state)
         return err.RankError(text, first, reply[2], reply[3], usable)
     names = err.plural(stacks or conv.ranks)
     if conv.reason == "timeout":
         text = err.TIMED_OUT.format(where=where, timeout=timeout, stacks=err.format_stacks(everyone), state=state,
                                     **names)
         return err.RanksTimeoutError(text, everyone, usable)
-    return KeyboardInterrupt(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
+    return err.RanksInterrupted(err.INTERRUPTED.format(where=where, stacks=err.format_stacks(everyone),
                                                     state=state, **names))
 
 
@@ -462,3 +465,25 @@ class _InterruptFlag:
     def __exit__(self, *exc) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self.saved if self.saved is not None else signal.default_int_handler)
+
+
+def warn_rank_owned(fn_name: str, names: list[str]) -> None:
+    """Say once per call that the notebook's ``rank`` (or ``world_size``, ``device``) stays in the
+    notebook: on the ranks, the function sees each rank's own."""
+    if names:
+        import warnings
+
+        shown = ", ".join(names)
+        warnings.warn(f"ranks.run({fn_name}): the notebook's {shown} stay{'s' if len(names) == 1 else ''} in the "
+                      f"notebook; on the ranks, {fn_name} sees each rank's own {shown}.", UserWarning, stacklevel=3)
+
+
+def notebook_namespace() -> dict:
+    """The notebook's variables: IPython's user namespace in a kernel, else ``__main__``'s."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])

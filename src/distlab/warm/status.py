@@ -6,6 +6,7 @@ In a Jupyter frontend (JupyterLab, Notebook: :func:`distlab.view.display.live_fr
 starts with one line, redrawn in place (a display with an id) at most every REFRESH_S::
 
     distlab: ranks 0, 1 · limit 2 s · 1.3 s · rank 0 running · rank 1 done in 0.00 s
+    distlab: ranks 0, 1 · limit none · 4.0 s · rank 0 running · rank 1 waiting in recv for rank 0
     distlab: ranks 0, 1 · limit 2 s · 2.0 s · limit reached: collecting where each rank is… · …
 
 When the call succeeds the line is emptied (the cell looks as it always did); when it fails it
@@ -36,7 +37,7 @@ class CallStatus:
     def finished(self, rank: int, kind: str) -> None:
         """``kind`` is a reply's kind: ``done``, ``error`` (after the call was cut short: the
         interrupt stopped it) or ``died``."""
-        if self.states.get(rank, "").startswith(("running", "blocked")):
+        if self.states.get(rank, "").startswith(("running", "waiting", "blocked")):
             took = self.clock() - self.t0
             raised = "stopped" if self.phase else "raised"
             said = {"done": f"done in {took:.2f} s", "error": f"{raised} at {took:.2f} s"}
@@ -44,8 +45,16 @@ class CallStatus:
 
     def blocked(self, rank: int, function: str) -> None:
         """The interrupt found ``rank`` waiting inside ``torch.distributed.<function>``."""
-        if self.states.get(rank) == "running":
+        if self.states.get(rank, "").startswith(("running", "waiting")):
             self.states[rank] = f"blocked in {function}"
+
+    def waiting(self, rank: int, function: str, peers: list[int]) -> None:
+        """``rank`` has sat in ``torch.distributed.<function>`` for a while (it said so while it
+        waits, not only once an interrupt finds it there); ``peers``: the ranks it waits for."""
+        if self.states.get(rank, "").startswith(("running", "waiting")):
+            others = [p for p in peers if p != rank]
+            who = f" for rank{'s' * (len(others) != 1)} {', '.join(map(str, others))}" if others else ""
+            self.states[rank] = f"waiting in {function}{who}"
 
     def set_phase(self, text: str) -> None:
         """What the kernel does now that the call is cut short (collecting stacks, restarting…)."""
@@ -65,6 +74,17 @@ class CallStatus:
         return " · ".join(parts + [f"rank {r} {s}" for r, s in sorted(self.states.items())])
 
 
+def bundle(line: str) -> dict:
+    """The line as plain text, and as HTML in which a frontend may wrap it only between its parts:
+    a narrow JupyterLab column broke the plain line mid-word (``rank 1 runn`` / ``ing``)."""
+    import html
+
+    parts = "<span> · </span>".join(f'<span style="white-space: nowrap">{html.escape(p)}</span>'
+                                    for p in line.split(" · "))
+    return {"text/plain": line, "text/html": f'<div style="font-family: var(--jp-code-font-family, monospace); '
+                                              f'font-size: var(--jp-code-font-size, 13px)">{parts}</div>'}
+
+
 class LiveStatus:
     """Draws a :class:`CallStatus` as one display output of the running cell, updated in place.
 
@@ -79,7 +99,7 @@ class LiveStatus:
         self.display_id = uuid.uuid4().hex
         self.shown = self.status.line()
         self.drawn_at = self.status.clock()
-        self.shower.show({"text/plain": self.shown}, self.display_id)
+        self.shower.show(bundle(self.shown), self.display_id)
 
     def finished(self, rank: int, kind: str) -> None:
         self.status.finished(rank, kind)
@@ -88,6 +108,10 @@ class LiveStatus:
     def blocked(self, rank: int, function: str) -> None:
         self.status.blocked(rank, function)
         self.tick()
+
+    def waiting(self, rank: int, function: str, peers: list[int]) -> None:
+        self.status.waiting(rank, function, peers)
+        self.tick(force=True)
 
     def phase(self, text: str) -> None:
         self.status.set_phase(text)
@@ -99,7 +123,7 @@ class LiveStatus:
             return
         line = self.status.line()
         if line != self.shown:
-            self.shower.replace({"text/plain": line}, self.display_id)
+            self.shower.replace(bundle(line), self.display_id)
             self.shown = line
         self.drawn_at = self.status.clock()
 
@@ -119,6 +143,9 @@ class NoStatus:
         pass
 
     def blocked(self, rank: int, function: str) -> None:
+        pass
+
+    def waiting(self, rank: int, function: str, peers: list[int]) -> None:
         pass
 
     def phase(self, text: str) -> None:

@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 
-from distlab.warm.proto import BLOCKED
+from distlab.warm.proto import BLOCKED, WAITING
 
 C10D_FILE = "torch/distributed/distributed_c10d.py"
 CONFIRM_S = 0.05  # a main thread in Python code handles SIGINT long before this
+WAITING_S = 1.0  # a call that sits this long in a collective says so (the cell's status line shows it)
 
 
 def start(sender, state: dict) -> None:
@@ -39,15 +40,36 @@ def start(sender, state: dict) -> None:
 
 
 def _watch(read_end: int, sender, state: dict, main: int) -> None:
+    import select
+
+    seen: dict = {}
     while True:
         try:
-            got = os.read(read_end, 64)
+            ready, _, _ = select.select([read_end], [], [], WAITING_S)
+            got = os.read(read_end, 64) if ready else b"?"
         except OSError:
             return
         if not got:
             return
-        if signal.SIGINT in got:
+        if not ready:
+            report_if_waiting(sender, state, main, seen)
+        elif signal.SIGINT in got:
             report_if_blocked(sender, state, main)
+
+
+def report_if_waiting(sender, state: dict, main: int, seen: dict) -> None:
+    """Send ``("waiting", req, function, ranks)`` once for a call whose main thread has sat at the
+    same instruction of a ``torch.distributed`` function since the last look (``seen``: that look)."""
+    req, frame = state["req"], sys._current_frames().get(main)
+    if req is None or frame is None or not frame.f_code.co_filename.replace("\\", "/").endswith(C10D_FILE):
+        seen.clear()
+        return
+    here = (req, id(frame), frame.f_lasti)
+    if seen.get("last") == here and seen.get("told") != here:
+        ranks = waited_for(frame.f_code.co_name, frame.f_locals)
+        sender.send((WAITING, req, frame.f_code.co_name, ranks or []))
+        seen["told"] = here
+    seen["last"] = here
 
 
 def report_if_blocked(sender, state: dict, main: int) -> None:
