@@ -259,6 +259,9 @@ def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
         run["parent_pid"] = parent_pid
     _install(run)
     os.environ["DISTLAB_RUN_DIR"] = run["run_dir"]  # for report() in processes this rank starts
+    # This rank runs with `python -u`; processes it starts (a script's own mp.spawn ranks) write to the
+    # same log file, not a terminal, and would hold their lines until they exit without this.
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if run.get("plain_python"):
         _forget_torchrun_environment()
     global _SCRIPT
