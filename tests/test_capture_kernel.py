@@ -24,3 +24,32 @@ def test_issue_14_patterns_in_a_kernel(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
     NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+
+WARNING_CELLS = [
+    "import json, warnings\nimport distlab",
+    "def careful(rank):\n"
+    "    # a comment keeps the cell's and the script's line numbers apart\n"
+    "    warnings.warn(f'rank {rank} takes care')\n"
+    "    return rank",
+    "res = distlab.spawn(careful, nprocs=2, view=None)\n"
+    "print(json.dumps({'logs': res.logs, 'script': str(res.script), 'returns': res.returns}))",
+]
+
+
+def test_a_warning_on_a_rank_names_the_notebook_cell_not_the_generated_script(tmp_path):
+    """#38 item 9: errors named the cell, warnings the script (``.../careful.py:14: UserWarning``)."""
+    import json
+    import os
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in WARNING_CELLS]
+    NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    shown = json.loads("".join(o.get("text", "") for o in nb.cells[2].outputs if o.output_type == "stream"))
+    assert shown["returns"] == {"0": 0, "1": 1}
+    script = os.path.basename(shown["script"])
+    for rank in ("0", "1"):
+        log = shown["logs"][rank]
+        assert f"Cell In[2], line 3, in careful: UserWarning: rank {rank} takes care\n" in log, log
+        assert "  warnings.warn(f'rank {rank} takes care')\n" in log, log
+        assert script not in log, log

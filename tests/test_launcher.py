@@ -272,3 +272,41 @@ def test_report_from_ranks_a_python_mode_script_spawns_itself(tmp_path):
     )
     res = distlab.run_script(script, mode="python", view=None)
     assert res.series("who", rank=0) == [0] and res.series("who", rank=1) == [1]
+
+
+class Arrivals:
+    """A view that notes when each line reached the kernel (seconds after the run began)."""
+
+    def __init__(self):
+        self.t0, self.lines = time.monotonic(), []
+
+    def line(self, rank, text):
+        self.lines.append((time.monotonic() - self.t0, rank, text))
+
+    def metric(self, rank, row):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_python_mode_scripts_own_ranks_stream_live_under_the_scripts_name(tmp_path, monkeypatch, capsys):
+    """#38 item 9: the lines of a script's own mp.spawn ranks arrived only when each rank ended (they
+    wrote to a file, block-buffered), and the text view called the script's one process [rank0]."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # as in a kernel started without it
+    script = tmp_path / "own_ranks.py"
+    script.write_text(
+        "import sys, time, torch.multiprocessing as mp\n"
+        "def work(rank):\n"
+        "    print('before the nap', rank)\n"
+        "    time.sleep(float(sys.argv[1]))\n"
+        "    print('after the nap', rank)\n"
+        "if __name__ == '__main__':\n"
+        "    mp.spawn(work, nprocs=1)\n"
+    )
+    seen = Arrivals()
+    distlab.run_script(script, args=[2], mode="python", view=seen)
+    at = {text: t for t, _, text in seen.lines}
+    assert at["after the nap 0"] - at["before the nap 0"] >= 1.5, f"not live: {seen.lines}"
+    distlab.run_script(script, args=[0], mode="python", view="text")
+    assert capsys.readouterr().out.splitlines() == ["[own_ranks.py] before the nap 0", "[own_ranks.py] after the nap 0"]

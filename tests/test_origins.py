@@ -1,6 +1,7 @@
 """Worker tracebacks name the notebook cell each frame of the generated script came from. No processes."""
 import runpy
 import stat
+import warnings
 
 import pytest
 from fake_kernel import run_cells
@@ -69,6 +70,23 @@ def test_a_worker_traceback_says_which_cell_and_function(tmp_path, monkeypatch):
     assert "    (from the notebook: Cell In[3], line 4, in boom)\n" in text
     assert text.index("in Net.forward)") > text.index("in boom)")  # in call order, under their own frames
     assert text.endswith("ZeroDivisionError: division by zero\n")
+
+
+def test_a_warning_from_a_line_of_notebook_code_names_its_cell_and_nothing_else_changes(tmp_path):
+    """#38 item 9: a rank's warning named the generated script's line."""
+    ns, label = notebook()
+    path = write_script(tmp_path, ns, label)
+    lines = path.read_text().splitlines()
+    call = next(i for i, line in enumerate(lines, 1) if "net.forward(rank)" in line)
+    plain = warnings.formatwarning
+    shown = origins.warning_formatter(plain, str(path))
+    assert shown("careful", UserWarning, str(path), call) == (
+        "Cell In[3], line 4, in boom: UserWarning: careful\n  return net.forward(rank)\n")
+    assert shown("careful", UserWarning, str(path), 1) == plain("careful", UserWarning, str(path), 1)  # the header
+    other = tmp_path / "other.py"  # another file, even with an origins file beside it, is left alone
+    other.write_text(path.read_text())
+    (tmp_path / "other.origins.json").write_text(origins.origins_path(path).read_text())
+    assert shown("careful", UserWarning, str(other), call) == plain("careful", UserWarning, str(other), call)
 
 
 def test_without_a_notebook_place_nothing_is_written(tmp_path):

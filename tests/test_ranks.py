@@ -350,3 +350,52 @@ def test_a_rank_waiting_in_recv_says_so_in_the_status_line_while_it_waits(ranks,
     ranks._exec("import time\nt = torch.zeros(1)\nif rank == 0:\n    time.sleep(3)\n    dist.send(t, dst=1)\n"
                 "elif rank == 1:\n    dist.recv(t, src=0)\n", "<waiting test>", "Cell In[99]", [0, 1], 30, live=True)
     assert any("rank 0 running · rank 1 waiting in recv for rank 0" in line for line in lines), lines
+
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+REPLACING = """\
+import json, time
+from IPython.core.interactiveshell import InteractiveShell
+from procs import running
+
+shell = InteractiveShell.instance()
+ns = shell.user_ns
+
+def cell(source):
+    result = shell.run_cell(source, store_history=True)
+    assert result.success, result.error_in_exec or result.error_before_exec
+
+def alive(pids, seconds=5.0):
+    deadline = time.time() + seconds
+    while [p for p in pids if running(p)] and time.time() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if running(p)]
+
+cell("import distlab\\nranks = distlab.Ranks(2)")
+cell("ranks")  # shown: IPython's Out, _ and _2 now hold it
+first = ns["ranks"].pids
+cell("ranks = distlab.Ranks(2)")
+first_left = alive(first)
+cell("ranks")
+cell("kept = ranks")
+second = ns["ranks"].pids
+cell("ranks = distlab.Ranks(2)")  # the second group is still named `kept`: it stays
+second_left = alive(second, seconds=0.5)
+values = ns["ranks"].exec("rank")
+cell("kept.close()\\nranks.close()")
+print(json.dumps({"first_left": first_left, "second_left": second_left, "values": dict(values)}))
+"""
+
+
+def test_re_running_ranks_in_a_notebook_ends_the_group_it_replaced_although_out_holds_it(tmp_path):
+    """#38 item 8: the old groups stayed up through IPython's Out (three re-runs of Ranks(4): 12 idle ranks)."""
+    import json
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", REPLACING], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "DISTLAB_PRESTART": "0", "PYTHONPATH": os.pathsep.join([SRC, tests])})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["first_left"] == [], "the replaced ranks outlived the cell that replaced them"
+    assert len(report["second_left"]) == 2, "ranks still held by a notebook variable (kept) were ended"
+    assert report["values"] == {"0": 0, "1": 1}

@@ -153,6 +153,17 @@ def test_ranks_a_script_started_itself_report_progress_but_get_no_empty_block():
     assert [b["rank"] for b in Blocks(record.record_html(board)).blocks] == [0]
 
 
+def test_a_scripts_one_log_is_named_after_the_script_not_rank_0():
+    """#38 item 9: run_script(mode="python") starts one process; calling its log "rank 0" misled."""
+    board = record.Board(1, {0: "ddp_train.py"})
+    board.line(0, "Rank 1, Epoch 0, Batch 0, Loss: 0.7")
+    assert board.ranks[0].title() == "ddp_train.py · running"
+    board.finish(record.Outcome("done", wall_s=1.0))
+    assert board.ranks[0].title().startswith("ddp_train.py ✓")
+    assert "--- ddp_train.py · done" in record.record_text(board)
+    assert "<summary>ddp_train.py · done" in record.record_html(board) and "rank 0" not in record.record_html(board)
+
+
 def test_rank_states_from_starting_to_done():
     board = record.Board(2)
     assert [s.title() for s in board.ranks] == ["rank 0 · starting", "rank 1 · starting"]

@@ -79,7 +79,8 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
         max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
         plain_python=mode == "python", rdzv_id=rdzv_id,
     )
-    return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
+    names = {0: path.name} if mode == "python" else None  # one process and its own ranks: not "rank0"
+    return engine.execute(plan, make_view(view, plan.world_size, names), collect_returns=False)
 
 
 def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto"):

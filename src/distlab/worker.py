@@ -259,11 +259,16 @@ def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
         run["parent_pid"] = parent_pid
     _install(run)
     os.environ["DISTLAB_RUN_DIR"] = run["run_dir"]  # for report() in processes this rank starts
+    # This rank runs with `python -u`; processes it starts (a script's own mp.spawn ranks) write to the
+    # same log file, not a terminal, and would hold their lines until they exit without this.
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if run.get("plain_python"):
         _forget_torchrun_environment()
     global _SCRIPT
     target = argv[1]
     _SCRIPT = script_with_origins(target, run["run_dir"])
+    if _SCRIPT is not None:
+        _name_cells_in_warnings(_SCRIPT)
     sys.argv = [target, *argv[2:]]
     sys.path.insert(0, str(Path(target).resolve().parent))
     sys.path.extend(p for p in run.get("sys_path", []) if p not in sys.path)  # modules the kernel could import
@@ -278,6 +283,16 @@ def bootstrap(argv: list[str], parent_pid: int | None = None) -> None:
         _write_error(e, text)
         sys.stderr.write(text)
         _exit_now(1)
+
+
+def _name_cells_in_warnings(script: str) -> None:
+    """A warning that notebook code raises names its cell, as a traceback from it does, instead of
+    a line of the generated script the learner never saw."""
+    import warnings
+
+    from distlab.capture.origins import warning_formatter
+
+    warnings.formatwarning = warning_formatter(warnings.formatwarning, script)
 
 
 def _exit_now(code: int) -> None:

@@ -11,7 +11,7 @@ Modules, each with the process it runs in:
 * ``source``: the source text of notebook functions and classes, checked against the live objects (kernel).
 * ``script``: renders what was collected as the worker script (kernel).
 * ``origins``: where each function of a script came from in the notebook, so a rank's traceback
-  names the cell (written in the kernel, read in each rank).
+  and its warnings name the cell (written in the kernel, read in each rank).
 
 May import: ``errors``, ``folders``. Imported by the worker runtime and everything above it.
 """

@@ -4,12 +4,14 @@ A worker's traceback points into the generated script (``.../boom.py, line 14, i
 learner's code lives in a notebook cell. At launch the kernel writes ``<script>.origins.json``
 beside the script: for each function and method, its line range in the script and the cell and
 line it was defined at (``Cell In[3], line 2``, IPython's own words). A worker that fails adds
-that place under each frame of the script, so the learner finds the cell.
+that place under each frame of the script, so the learner finds the cell; a warning raised on a
+line of the script names that place instead of the script's line.
 """
 from __future__ import annotations
 
 import ast
 import json
+import linecache
 import os
 import re
 import traceback
@@ -143,6 +145,26 @@ def format_frames(frames, script: str | None = None) -> str:
     stack = _NotebookStack(kept)  # (from_list would build a plain StackSummary)
     stack._origins, stack._script = {}, script
     return "".join(stack.format())
+
+
+def warning_formatter(plain, script: str):
+    """A ``warnings.formatwarning`` that names the notebook cell of a warning raised on a line of
+    ``script`` (the run's generated worker script), in the words tracebacks use:
+    ``Cell In[3], line 4, in boom: UserWarning: careful``. Any other warning is ``plain``'s.
+
+    Without it, a warning from notebook code names a line of a script the learner never wrote.
+    """
+    script, cache = os.path.realpath(script), {}
+
+    def formatwarning(message, category, filename, lineno, line=None) -> str:
+        ours = isinstance(filename, str) and os.path.realpath(filename) == script
+        where = place(filename, lineno, cache) if ours else None
+        if where is None:
+            return plain(message, category, filename, lineno, line)
+        source = (linecache.getline(filename, lineno) if line is None else line).strip()
+        return f"{where}: {category.__name__}: {message}\n" + (f"  {source}\n" if source else "")
+
+    return formatwarning
 
 
 def _same_file(a: str, b: str) -> bool:

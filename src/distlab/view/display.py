@@ -22,14 +22,15 @@ class TextView:
     A metric row with ``step`` and ``total`` drives one text progress bar (rank 0's steps).
     """
 
-    def __init__(self, world_size: int, stream=None):
+    def __init__(self, world_size: int, stream=None, names: dict[int, str] | None = None):
         self.world_size = world_size
         self.stream = stream
+        self.names = names or {}  # who prints into a log that is not one rank's (record.Board's names)
         self._bar = None
 
     def line(self, rank: int, text: str) -> None:
         stream = self.stream or sys.stdout
-        stream.write(f"[rank{rank}] {text}\n")
+        stream.write(f"[{self.names.get(rank, f'rank{rank}')}] {text}\n")
         stream.flush()
 
     def metric(self, rank: int, row: dict) -> None:
@@ -82,11 +83,11 @@ class WidgetView:
     one line, redrawn every ``SNAPSHOT_S``); the record replaces both when the run ends.
     """
 
-    def __init__(self, world_size: int, shower=None, clock=time.monotonic):
+    def __init__(self, world_size: int, shower=None, clock=time.monotonic, names: dict[int, str] | None = None):
         import ipywidgets as w
 
         self.world_size, self.clock, self.t0 = world_size, clock, clock()
-        self.board = record.Board(world_size)
+        self.board = record.Board(world_size, names)
         self.shower = shower or IPythonDisplay()
         self.display_id = uuid.uuid4().hex
         self.run_dir: Path | None = None
@@ -249,14 +250,18 @@ def widgets_can_render(environ=None) -> bool:
     return live_frontend(environ) and importlib.util.find_spec("ipywidgets") is not None
 
 
-def make_view(view, world_size: int):
-    """``"auto"``: widgets where they can render, else text; ``"text"``, ``"widgets"``, ``None``."""
+def make_view(view, world_size: int, names: dict[int, str] | None = None):
+    """``"auto"``: widgets where they can render, else text; ``"text"``, ``"widgets"``, ``None``.
+
+    ``names``: what to call a log that is not one rank's, instead of ``rank0`` (``run_script(mode="python")``:
+    the script, whose own ranks print into its one log).
+    """
     if view == "auto":
         view = "widgets" if widgets_can_render() else "text"
     if view == "text":
-        return TextView(world_size)
+        return TextView(world_size, names=names)
     if view == "widgets":
-        return WidgetView(world_size)
+        return WidgetView(world_size, names=names)
     if view is None or view == "none":
         return _Silent(world_size)
     return view  # any object with line/metric/close

@@ -43,6 +43,11 @@ class RankState:
     step: int | None = None
     total: int | None = None
     metrics: dict = field(default_factory=dict)  # the latest other numbers it reported (loss, ...)
+    name: str = ""  # what prints into this log when it is not one rank (a script that starts its own ranks)
+
+    def who(self) -> str:
+        """``rank 1``, or the name of what printed into this log (``ddp_train.py``)."""
+        return self.name or f"rank {self.rank}"
 
     def label(self) -> str:
         """``starting``, ``running``, ``done in 2.1 s``, ``✗ failed first (exit code 1)``, ..."""
@@ -58,12 +63,12 @@ class RankState:
     def title(self) -> str:
         """A tab title, short (a tab shows about 20 characters): ``rank 1 ✓ 2.1 s``, ``rank 1 ✗ failed first``."""
         if self.phase == "done":
-            return f"rank {self.rank} ✓ " + (f"{self.done_s:.1f} s" if self.done_s is not None else "done")
+            return f"{self.who()} ✓ " + (f"{self.done_s:.1f} s" if self.done_s is not None else "done")
         if self.phase == "failed":
-            return f"rank {self.rank} ✗ failed first"
+            return f"{self.who()} ✗ failed first"
         if self.phase == "running" and self.total:
-            return f"rank {self.rank} · {self.step}/{self.total}"
-        return f"rank {self.rank} · {'stopped' if self.phase == 'stopped' else self.phase}"
+            return f"{self.who()} · {self.step}/{self.total}"
+        return f"{self.who()} · {'stopped' if self.phase == 'stopped' else self.phase}"
 
 
 @dataclass
@@ -117,9 +122,10 @@ def outcome_of(value, wall_s: float | None = None) -> Outcome:
 class Board:
     """Every rank's state during a run. The view feeds it; times are seconds after launch."""
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, names: dict[int, str] | None = None):
         self.world_size = world_size
-        self.ranks = [RankState(r) for r in range(world_size)]
+        self.names = names or {}  # rank -> what printed into its log, when not that rank (RankState.who)
+        self.ranks = [RankState(r, name=self.names.get(r, "")) for r in range(world_size)]
         self.outcome: Outcome | None = None
 
     def line(self, rank: int, text: str) -> None:
@@ -254,7 +260,7 @@ def record_html(board: Board) -> str:
         if state.phase == "failed":
             label = f'<span style="{FAILED_STYLE}">{label}</span>'
         parts.append(f'<details{" open" * _is_open(board, state)} data-rank="{state.rank}">'
-                     f"<summary>rank {state.rank} · {label} · {count}</summary>"
+                     f"<summary>{html.escape(state.who())} · {label} · {count}</summary>"
                      f"{_output_html(lines, total)}</details>")
     if outcome.returns and not failed:
         parts.append(returns_html(outcome.returns))
@@ -270,7 +276,7 @@ def record_text(board: Board) -> str:
     out = [f"distlab: {outcome.headline(len(board.ranks))}"]
     for state in record_order(board):
         lines, total = _rank_lines(board, state, TEXT_TAIL_LINES)
-        out.append(f"--- rank {state.rank} · {state.label()} · {total} line{'s' * (total != 1)} ---")
+        out.append(f"--- {state.who()} · {state.label()} · {total} line{'s' * (total != 1)} ---")
         if total > len(lines):
             out.append(f"… {total - len(lines)} earlier lines not shown")
         out.extend(lines)
@@ -316,7 +322,7 @@ SAVED_SUMMARY = ("distlab: a copy of the output so far ({elapsed:.0f} s in), for
 def snapshot_bundle(board: Board, elapsed_s: float) -> dict:
     """What a notebook saved mid-run keeps next to the live widget (which a reopened notebook cannot
     draw): every rank's output so far, collapsed under one line while the live view is there."""
-    running = Board(board.world_size)
+    running = Board(board.world_size, board.names)
     running.ranks, running.outcome = board.ranks, Outcome("running", wall_s=elapsed_s)
     summary = SAVED_SUMMARY.format(elapsed=elapsed_s)
     return {"text/html": f"<details class=\"distlab-saved\"><summary>{html.escape(summary)}</summary>"

@@ -9,6 +9,8 @@ Modules, each with the process it runs in:
 
 * ``ranks``: :class:`~distlab.warm.ranks.Ranks`, the learner's handle (kernel).
 * ``magic``: the ``%%ranks`` cell magic (kernel).
+* ``replaced``: after each notebook cell, close the Ranks a re-run replaced, although IPython's
+  ``Out`` still holds them (kernel).
 * ``group``: the processes behind a ``Ranks``: start them, talk to them, stop them (kernel).
 * ``status``: the status line of a running ``%%ranks`` cell (kernel).
 * ``data``: values between the kernel and the ranks: what ``push``/``scatter``/``pull``/``gather``

@@ -22,7 +22,7 @@ from distlab import config
 from distlab.capture import collect as capture
 from distlab.errors import LaunchArgumentError
 from distlab.forkserver import mode as launchmode
-from distlab.warm import data, proto
+from distlab.warm import data, proto, replaced
 from distlab.warm import errors as err
 from distlab.warm.group import Conversation, RankGroup, start_group
 from distlab.warm.status import NO_STATUS, CallStatus, LiveStatus
@@ -37,7 +37,9 @@ _current: list = []  # weak references to open Ranks, the last started last (wha
 def current() -> Ranks:
     """The Ranks that ``%%ranks`` cells run on: the last one started and not closed.
 
-    Held weakly: re-running ``ranks = distlab.Ranks(2)`` lets the old ranks go (and end).
+    Held weakly: re-running ``ranks = distlab.Ranks(2)`` lets the old ranks go, and they end. In a
+    notebook, at the end of the cell, even when an earlier cell showed them and IPython's ``Out``
+    still holds them (:mod:`distlab.warm.replaced`).
     """
     alive = [r for r in open_ranks() if r.state != "closed"]
     if not alive:
@@ -100,6 +102,7 @@ class Ranks:
         self.start_s = time.perf_counter() - began
         _forget(self)
         _current.append(weakref.ref(self))
+        replaced.watch(open_ranks)
 
     def _start_group(self) -> RankGroup:
         """Forked from distlab's forkserver where it works; fresh interpreters after a warning
