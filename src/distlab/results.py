@@ -49,7 +49,8 @@ def read_logs(run_dir, rank: int) -> str:
         if len(attempts) > 1 and f.suffix == ".out":
             k = ATTEMPT.match(f.parent.name).group(1)
             parts.append(f"--- attempt {k} ---\n")
-        parts.append(f.read_text(errors="replace"))
+        with open(f, errors="replace", newline="") as text:  # a progress bar's '\r' kept: no line per redraw
+            parts.append(text.read())
     return "".join(parts)
 
 

@@ -22,6 +22,7 @@ import psutil
 from distlab.capture.origins import annotate_dump
 from distlab.folders.runfolder import RunFolder
 from distlab.view.stacks import clean_stack
+from distlab.view.streams import Streams, deliver
 
 POLL_S = 0.05
 STACK_WAIT_S = 0.5
@@ -176,7 +177,7 @@ class Watcher:
         self._stop_event = threading.Event()
         self._step_lock = threading.RLock()  # a step of the thread, or finish(): one at a time
         self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, str] = {}
+        self._streams = Streams()  # each rank log's unfinished line, and a progress bar redrawing it
         self._start = time.monotonic()
         self._finished = self._view_broken = False
         self._warned: set[str] = set()
@@ -231,21 +232,22 @@ class Watcher:
 
     def poll(self, final: bool = False) -> None:
         for rank, path in self.folder.output_streams():
-            for line in self._new_lines(path, final):
-                self._to_view("line", rank, line)
+            for event in self._new_events(path, final):
+                self._to_view(deliver, self.view, rank, event)
         for rank, path in self.folder.metric_streams():
-            for line in self._new_lines(path, final):
+            for event in self._new_events(path, final):
                 try:
-                    row = json.loads(line)
+                    row = json.loads(event.text)
                 except ValueError:
                     continue  # not a row distlab.report wrote
                 self._to_view("metric", rank, row)
 
-    def _to_view(self, method: str, *args) -> None:
+    def _to_view(self, call, *args) -> None:
+        """``call``: a method name of the view, or a function; a view that raises is switched off."""
         if self._view_broken:
             return
         try:
-            getattr(self.view, method)(*args)
+            (getattr(self.view, call) if isinstance(call, str) else call)(*args)
         except Exception as e:
             self._view_broken = True
             self._warn(f"distlab: the live view failed ({type(e).__name__}: {e}) and is switched off; "
@@ -263,18 +265,14 @@ class Watcher:
             self._warned.add(text)
             print(text, file=sys.stderr, flush=True)
 
-    def _new_lines(self, path: Path, final: bool) -> list[str]:
+    def _new_events(self, path: Path, final: bool) -> list:
+        """What ``path`` gained since the last look: whole lines, and the latest state of a progress
+        bar redrawing the unfinished one (:mod:`distlab.view.streams`); at the end, the rest."""
         with open(path, "rb") as f:
             f.seek(self._offsets.get(path, 0))
             chunk = f.read()
         self._offsets[path] = self._offsets.get(path, 0) + len(chunk)
-        text = self._partial.pop(path, "") + chunk.decode(errors="replace")
-        lines = text.split("\n")
-        if not final:
-            self._partial[path] = lines.pop()  # keep an unfinished line for later
-        elif lines and lines[-1] == "":
-            lines.pop()
-        return lines
+        return self._streams.feed(path, chunk) + (self._streams.flush(path) if final else [])
 
     def dump_stacks(self) -> dict[int, str]:
         """Ask every verified, ready rank for its Python stacks (faulthandler on SIGUSR1) and read them."""

@@ -20,6 +20,7 @@ from distlab import results
 from distlab.folders.private import private_root
 from distlab.folders.runfolder import RunFolder
 from distlab.view.display import make_view
+from distlab.view.streams import Line, deliver
 
 from . import commands
 from .commands import JobState
@@ -190,11 +191,11 @@ class SlurmJob:
             from .tail import JobTail
 
             self._tail = JobTail(self.folder, self.batch_log)
-        for rank, text in self._tail.lines(final):
-            if rank is None:
-                print(f"[batch] {text}", flush=True)
-            else:
-                view.line(rank, text)
+        for rank, event in self._tail.lines(final):
+            if rank is not None:
+                deliver(view, rank, event)
+            elif isinstance(event, Line) or (event.done and event.text):
+                print(f"[batch] {event.text}", flush=True)  # the batch script's own bars: their final state
         for rank, row in self._tail.metrics():
             view.metric(rank, row)
 

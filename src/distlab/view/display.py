@@ -14,39 +14,50 @@ import uuid
 from pathlib import Path
 
 from distlab.view import record
+from distlab.view.bars import ProgressLines
 
 
 class TextView:
     """``[rank1] line`` on stdout: works in a terminal, nbclient, JupyterLab and the built HTML.
 
-    A metric row with ``step`` and ``total`` drives one text progress bar (rank 0's steps).
+    Progress is shown as progress, one line per bar that updates in place (:mod:`distlab.view.bars`),
+    never on stderr: a rank's own bar (a tqdm redrawing its line with ``\\r``) and each rank's
+    ``step``/``total`` rows from ``distlab.report``.
     """
 
-    def __init__(self, world_size: int, stream=None, names: dict[int, str] | None = None):
+    def __init__(self, world_size: int, stream=None, shower=None, names: dict[int, str] | None = None):
         self.world_size = world_size
         self.stream = stream
         self.names = names or {}  # who prints into a log that is not one rank's (record.Board's names)
-        self._bar = None
+        if shower is None and stream is None and in_kernel():
+            shower = IPythonDisplay()
+        self.bars = ProgressLines(stream, shower)
+        self._first_time: dict[int, float] = {}
+
+    def _label(self, rank: int) -> str:
+        return self.names.get(rank, f"rank{rank}")
 
     def line(self, rank: int, text: str) -> None:
-        stream = self.stream or sys.stdout
-        stream.write(f"[{self.names.get(rank, f'rank{rank}')}] {text}\n")
-        stream.flush()
+        self.bars.write(f"[{self._label(rank)}] {text}\n")
+        (self.stream or sys.stdout).flush()
+
+    def progress(self, rank: int, text: str, done: bool) -> None:
+        """A rank's own progress bar (:mod:`distlab.view.streams`): its latest state, in place."""
+        self.bars.show(("out", rank), f"[{self._label(rank)}] {text}", done)
 
     def metric(self, rank: int, row: dict) -> None:
-        if rank != 0 or "total" not in row or "step" not in row:
+        if "total" not in row or "step" not in row:
             return
-        if self._bar is None:
-            from tqdm import tqdm
+        from tqdm import tqdm
 
-            self._bar = tqdm(total=int(row["total"]), desc="rank0", file=sys.stderr, leave=True, mininterval=0.5)
-        shown = {k: v for k, v in row.items() if k not in ("rank", "time", "step", "total")}
-        self._bar.set_postfix(shown, refresh=False)
-        self._bar.update(int(row["step"]) - self._bar.n)  # redraws at most every mininterval
+        first = self._first_time.setdefault(rank, float(row.get("time", 0.0)))
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in row.items() if k not in ("rank", "time", "step", "total"))
+        bar = tqdm.format_meter(int(row["step"]), int(row["total"]), float(row.get("time", first)) - first,
+                                postfix=shown or None)
+        self.bars.show(("steps", rank), f"[{self._label(rank)}] {bar}")
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        self.bars.close()
 
 
 REFRESH_S = 0.25  # the widgets redraw at most this often: a rank printing 1000 lines/s sends 4 updates/s
@@ -115,6 +126,12 @@ class WidgetView:
     def line(self, rank: int, text: str) -> None:
         with self._lock:
             self.board.line(rank, text)
+            self._dirty.add(rank)
+
+    def progress(self, rank: int, text: str, done: bool) -> None:
+        """A rank's own progress bar: one line of its pane, updated in place."""
+        with self._lock:
+            self.board.progress(rank, text, done)
             self._dirty.add(rank)
 
     def metric(self, rank: int, row: dict) -> None:
@@ -230,6 +247,16 @@ def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel, whose outputs can be updated in place by display id
+    (JupyterLab, nbclient and the built book keep the last state)."""
+    if sys.modules.get("ipykernel") is None:
+        return False
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
 def live_frontend(environ=None) -> bool:
     """Best guess whether someone watches cells run: a kernel started by a Jupyter server
     (JupyterLab/Notebook set JPY_SESSION_NAME). nbclient (CI, the book build) and terminals
@@ -272,4 +299,7 @@ class _Silent(TextView):
         pass
 
     def metric(self, rank: int, row: dict) -> None:
+        pass
+
+    def progress(self, rank: int, text: str, done: bool) -> None:
         pass

@@ -16,6 +16,8 @@ import pprint
 from collections import deque
 from dataclasses import dataclass, field
 
+from distlab.view.streams import rendered_lines
+
 LIVE_TAIL_LINES = 500  # a live pane shows the latest lines, as a terminal's scrollback would
 RECORD_TAIL_LINES = 200  # per rank in the saved record (the full log stays in res.logs / the run folder)
 RECORD_SHOWN_LINES = 25  # of those, shown without a click: the end, where a traceback is
@@ -40,6 +42,7 @@ class RankState:
     exitcode: int | None = None
     lines: deque = field(default_factory=lambda: deque(maxlen=LIVE_TAIL_LINES))
     count: int = 0  # lines printed in all (``lines`` keeps only the latest)
+    bar_at: int | None = None  # the line (counted from 0) that a progress bar of the rank redraws
     step: int | None = None
     total: int | None = None
     metrics: dict = field(default_factory=dict)  # the latest other numbers it reported (loss, ...)
@@ -134,6 +137,22 @@ class Board:
         state.count += 1
         if state.phase == "starting":
             state.phase = "running"
+
+    def progress(self, rank: int, text: str, done: bool) -> None:
+        """A progress bar the rank redraws in place (:mod:`distlab.view.streams`): one line that
+        changes; once done it stays as an ordinary line (an empty final state removes it)."""
+        state = self._rank(rank)
+        at = state.bar_at
+        index = None if at is None else at - (state.count - len(state.lines))
+        if index is None or not 0 <= index < len(state.lines):  # a new bar (or one scrolled out of the tail)
+            self.line(rank, text)
+            index, state.bar_at = len(state.lines) - 1, state.count - 1
+        state.lines[index] = clip(text)
+        if done:
+            state.bar_at = None
+            if not text and index == len(state.lines) - 1:
+                state.lines.pop()
+                state.count -= 1
 
     def metric(self, rank: int, row: dict) -> bool:
         """Keep the latest progress; True when the row carries progress (``step`` and ``total``)."""
@@ -241,7 +260,7 @@ def _rank_lines(board: Board, state: RankState, limit: int) -> tuple[list[str], 
     """The rank's last ``limit`` lines: from the complete log when the engine read it, else as streamed."""
     logs = board.outcome.logs if board.outcome else None
     if logs is not None and state.rank in logs:
-        lines = logs[state.rank].splitlines()
+        lines = rendered_lines(logs[state.rank])  # a progress bar's final state, not each of its redraws
         return [clip(line) for line in lines[-limit:]], len(lines)
     return list(state.lines)[-limit:], state.count
 

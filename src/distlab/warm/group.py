@@ -22,7 +22,10 @@ from pathlib import Path
 from distlab.folders import privtmp
 from distlab.folders.private import open_private
 from distlab.forkserver import mode as launchmode
+from distlab.view.bars import ProgressLines
+from distlab.view.display import IPythonDisplay, in_kernel
 from distlab.view.stacks import clean_stack
+from distlab.view.streams import Line, Streams
 from distlab.warm import errors as err
 from distlab.warm import proto
 from distlab.warm.status import NO_STATUS
@@ -268,7 +271,9 @@ def _kill(pid: int, sig) -> None:
 
 
 class OutputSink:
-    """Rank output shown live in the calling cell, ``[rank1] ...``, whole lines only.
+    """Rank output shown live in the calling cell, ``[rank1] ...``, whole lines only, except that a
+    progress bar redrawing a rank's unfinished line (``\\r``) is shown as one line that updates in
+    place (:mod:`distlab.view.bars`), not as error-coloured stderr.
 
     Output tagged with another call (a thread an earlier cell started) never enters this cell:
     it is kept in ``late`` instead. Streams are flushed at most every FLUSH_S (a kernel's flush
@@ -279,7 +284,8 @@ class OutputSink:
 
     def __init__(self, req: int, late: dict[int, str]):
         self.req, self.late = req, late
-        self.joiner = proto.LineJoiner()
+        self.streams = Streams()
+        self.bars = ProgressLines(shower=IPythonDisplay() if in_kernel() else None)
         self._dirty: set = set()
         self._flushed = time.monotonic()
 
@@ -287,22 +293,32 @@ class OutputSink:
         if req != self.req:
             self.late[rank] = self.late.get(rank, "") + text
             return
-        self._emit(rank, stream, self.joiner.feed((rank, stream), text))
+        self._emit(rank, stream, self.streams.feed((rank, stream), text))
 
     def tick(self) -> None:
         if self._dirty and time.monotonic() - self._flushed >= self.FLUSH_S:
             self._flush()
 
     def finish(self) -> None:
-        for (rank, stream), line in self.joiner.drain():
-            self._emit(rank, stream, [line])
+        for (rank, stream), event in self.streams.flush_all():
+            self._emit(rank, stream, [event])
+        self.bars.close()
         self._flush()
 
-    def _emit(self, rank: int, stream: str, lines: list[str]) -> None:
-        if lines:
-            out = sys.stdout if stream == "stdout" else sys.stderr
-            out.write("".join(f"[rank{rank}] {line}\n" for line in lines))
-            self._dirty.add(out)
+    def _emit(self, rank: int, stream: str, events: list) -> None:
+        """Whole lines to the rank's stream in one write; a bar's state to its line."""
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        lines = []
+        for event in [*events, None]:
+            if isinstance(event, Line):
+                lines.append(f"[rank{rank}] {event.text}\n")
+                continue
+            if lines:
+                self.bars.write("".join(lines), out)
+                self._dirty.add(out)
+                lines = []
+            if event is not None:
+                self.bars.show((rank, stream), f"[rank{rank}] {event.text}", event.done)
 
     def _flush(self) -> None:
         for out in self._dirty:

@@ -224,7 +224,8 @@ def _track_thread_starts() -> None:
 
 
 class RankStream:
-    """sys.stdout/sys.stderr of a rank: whole lines to the kernel, tagged with their call."""
+    """sys.stdout/sys.stderr of a rank: whole lines to the kernel, tagged with their call (and a
+    line being redrawn with ``\\r``, a progress bar, at each redraw)."""
 
     encoding = "utf-8"
     errors = "replace"
@@ -238,8 +239,10 @@ class RankStream:
         req = _current_req()
         with self.lock:
             lines = self.joiner.feed(req, text)
-        if lines:
-            self.sender.send((proto.OUT, req, self.name, "\n".join(lines) + "\n"))
+            redrawn = self.joiner.take_redrawn(req)  # a progress bar goes as it moves, not at its end
+        out = ("\n".join(lines) + "\n" if lines else "") + redrawn
+        if out:
+            self.sender.send((proto.OUT, req, self.name, out))
         return len(text)
 
     def flush(self) -> None:

@@ -171,6 +171,15 @@ class LineJoiner:
             self._partial[key] = rest
         return lines
 
+    def take_redrawn(self, key) -> str:
+        """The unfinished line of ``key`` when it redraws itself (a ``\\r`` in it: a progress bar),
+        handed over now instead of at its newline, so the kernel can show the bar as it moves."""
+        rest = self._partial.get(key, "")
+        if "\r" not in rest:
+            return ""
+        del self._partial[key]
+        return rest
+
     def drain(self) -> list[tuple[object, str]]:
         """Every unfinished line, as (key, line); called when a call ends."""
         items = sorted(self._partial.items(), key=lambda kv: repr(kv[0]))
