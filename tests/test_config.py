@@ -129,7 +129,7 @@ def test_max_restarts_must_be_a_non_negative_int(bad):
                             "For example max_restarts=1.")
 
 
-@pytest.mark.parametrize("view", ["auto", "text", "widgets", "none", None])
+@pytest.mark.parametrize("view", ["auto", "text", "live", "widgets", "none", None])
 def test_view_names(view):
     assert check_view(view) == view
 
@@ -145,7 +145,7 @@ def test_view_object_with_the_three_methods():
 
 
 @pytest.mark.parametrize("bad,problem", [
-    ("txt", r"unknown view; choose one of \('auto', 'text', 'widgets', 'none', None\). Or pass an object with "
+    ("txt", r"unknown view; choose one of \('auto', 'text', 'live', 'widgets', 'none', None\). Or pass an object with "
             r"line\(rank, text\), metric\(rank, row\) and close\(\)\."),
     (True, r"has no line\(\), metric\(\), close\(\) method. A view object needs"),
     (type("HalfView", (), {"line": lambda self, r, t: None, "close": 3})(), r"has no metric\(\), close\(\) method"),
@@ -255,8 +255,8 @@ def test_cuda_device_count_is_zero_without_cuda_and_never_asks_for_devices(monke
 
 @pytest.mark.parametrize("call,message", [
     (lambda: check_view("txt"),
-     "view='txt': unknown view; choose one of ('auto', 'text', 'widgets', 'none', None). Or pass an object with "
-     "line(rank, text), metric(rank, row) and close()."),
+     "view='txt': unknown view; choose one of ('auto', 'text', 'live', 'widgets', 'none', None). Or pass an object "
+     "with line(rank, text), metric(rank, row) and close()."),
     (lambda: check_view(3),
      "view=3: has no line(), metric(), close() method. A view object needs line(rank, text), metric(rank, row) "
      "and close()."),

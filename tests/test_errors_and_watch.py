@@ -107,16 +107,16 @@ def test_watcher_streams_whole_lines_and_metrics_once(tmp_path):
     assert view.rows == [(0, {"step": 1, "loss": 0.5})]
 
 
-def test_widgets_only_where_a_jupyter_server_started_the_kernel(monkeypatch):
+def test_the_live_view_only_where_a_jupyter_server_started_the_kernel(monkeypatch):
     import sys
 
-    from distlab.view.display import widgets_can_render
+    from distlab.view.display import live_frontend
 
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-    assert not widgets_can_render({"JPY_SESSION_NAME": "x"})  # a terminal
+    assert not live_frontend({"JPY_SESSION_NAME": "x"})  # a terminal
     monkeypatch.setitem(sys.modules, "ipykernel", object())
-    assert widgets_can_render({"JPY_SESSION_NAME": "nb.ipynb"})  # JupyterLab / Notebook
-    assert not widgets_can_render({})  # nbclient (CI, the book build)
+    assert live_frontend({"JPY_SESSION_NAME": "nb.ipynb"})  # JupyterLab / Notebook
+    assert not live_frontend({})  # nbclient (CI, the book build)
 
 
 def test_a_rank_that_died_in_c_code_is_named_not_the_survivor_reporting_it(tmp_path):

@@ -12,8 +12,9 @@ screenshots of every step under the test's temp folder (the path is printed; ``p
   none of torch's own log lines ("Terminating process N via signal SIGTERM");
 * Kernel > Interrupt leads with distlab's one line, shows no torchelastic log line, leaves no
   worker process behind, and the next launch works;
-* a notebook saved while a run is live, reopened with a new kernel, still shows what each rank had
-  printed (a plain copy under the widget: the widget itself cannot be drawn without its kernel);
+* a notebook saved while a run is live holds no widget and what each rank had printed by then
+  (within a second), reopens with a new kernel without a widget error, and once the run is over
+  and saved again holds only the record;
 * a chapter opens unmodified (JupyterLab rewrites metadata a chapter lacks, and marks it modified).
 """
 from __future__ import annotations
@@ -81,20 +82,30 @@ FAIL_CELLS = [
     "def quick(rank):\n    return rank + 100\n\nprint('relaunched:', distlab.spawn(quick, nprocs=2).returns)",
 ]
 
-SAVE_STEPS = 60  # a run still going when the notebook is saved: one line every 0.2 s
+SAVE_STEP_S = 0.2  # a run still going when the notebook is saved: one line every 0.2 s ...
+SAVE_STEPS = 40  # ... for 8 s; the test saves after about 3 s
+SAVE_LAG_S = 1.0  # a notebook saved mid-run may miss at most this much of what the ranks printed
 
+SAVE_CELLS = [
+    "import time\n\nimport distlab",
+    "def slow(rank):\n"
+    f"    for i in range({SAVE_STEPS}):\n"
+    "        print(f'rank {rank} slow step {i}', flush=True)\n"
+    f"        time.sleep({SAVE_STEP_S})",
+    "res = distlab.spawn(slow, nprocs=2)",
+]
 
-def save_cells(release: Path) -> list[str]:
-    """A run that prints, then holds until ``release`` exists (the test shuts the kernel down instead)."""
-    return [
-        "import os\nimport time\n\nimport distlab",
-        "def slow(rank):\n"
-        f"    for i in range({SAVE_STEPS}):\n"
-        "        print(f'rank {rank} slow step {i}', flush=True)\n"
-        "        time.sleep(0.2)\n"
-        + hold_until(release).rstrip("\n"),
-        "distlab.spawn(slow, nprocs=2)",
-    ]
+PENDING_CELLS = [
+    "import time\n\nimport distlab",
+    "def chatty(rank):\n"
+    "    for i in range(15):\n"
+    "        print(f'rank {rank} chatty step {i}', flush=True)\n"
+    "        time.sleep(0.2)\n"
+    "    return rank",
+    "pending = distlab.spawn(chatty, nprocs=2, join=False)",
+    "time.sleep(0.5)\nprint('another cell ran')",  # the kernel answers other requests while the run goes on
+    "print('joined:', pending.join().returns)",
+]
 
 RANKS_CELLS = [
     "%load_ext distlab\nimport distlab\nranks = distlab.Ranks(2)",
@@ -273,19 +284,6 @@ def workers_under(proc) -> list[psutil.Process]:
     return found
 
 
-# Whether rank 0's live pane overflows and still shows its last line (a terminal's behaviour).
-PANE_GEOMETRY_JS = """
-cell => {
-  const pane = [...cell.querySelectorAll('.widget-html')].find(e => e.offsetParent !== null && e.querySelector('pre'));
-  if (!pane) return {found: false};
-  const box = pane.getBoundingClientRect(), pre = pane.querySelector('pre').getBoundingClientRect();
-  return {found: true, overflowing: pane.scrollHeight > pane.clientHeight + 1,
-          endInView: pre.bottom <= box.bottom + 1 && pre.bottom > box.bottom - 40,
-          boxBottom: box.bottom, preBottom: pre.bottom, last: pane.innerText.trim().split('\\n').pop()};
-}
-"""
-
-
 # ---------------------------------------------------------------------------------------------- tests
 def test_live_lines_then_a_record_that_survives_save_and_reopen(lab, browser, shots):
     """The ranks print their lines, then hold until the test releases them: every look at the live
@@ -300,15 +298,15 @@ def test_live_lines_then_a_record_that_survives_save_and_reopen(lab, browser, sh
         running = nb.prompt(2)
         nb.shot("1-running")
         assert running == "[*]:", f"the cell ended before its ranks were released (prompt {running})"
-        bars = nb.cell(2).locator(".widget-hprogress")
+        bars = nb.cell(2).locator("progress")
         nb.wait(lambda: bars.count(), "rank 0's progress bar")
-        assert bars.count() == 1 and "rank 0" in bars.first.inner_text()  # only the rank that reports progress
-        nb.wait(lambda: f"rank 0 step {STEPS - 1}" in nb.outputs(2), "every line, more than the pane can hold")
-        pane = nb.wait(lambda: _following(nb.cell(2).evaluate(PANE_GEOMETRY_JS)), "the pane to scroll to its end",
-                       timeout_s=10)
+        assert bars.count() == 1  # only the rank that reports progress
+        assert nb.cell(2).locator(".distlab-rank[data-rank='0'] progress").count() == 1
+        nb.wait(lambda: f"rank 0 step {STEPS - 1}" in nb.outputs(2), "every line, more than the view shows")
         nb.shot("1b-following-the-tail")
-        assert nb.prompt(2) == "[*]:" and pane["overflowing"], pane
-        assert pane["last"] == f"rank 0 step {STEPS - 1}", f"the pane does not show its latest line: {pane}"
+        tail = nb.cell(2).locator(".distlab-rank[data-rank='0'] pre").inner_text().strip().splitlines()
+        assert nb.prompt(2) == "[*]:" and tail[0].startswith("… ") and "earlier lines not shown" in tail[0], tail
+        assert tail[-1] == f"rank 0 step {STEPS - 1}", f"the live view does not end with the latest line: {tail}"
         release.touch()
         nb.wait(lambda: "returns checked" in nb.outputs(3), "the run to finish and its returns checked")
         nb.shot("2-done")
@@ -422,35 +420,79 @@ def _status_line(text: str, containing: str) -> str | None:
                 None)
 
 
-SAVED_COPY_JS = "cell => [...cell.querySelectorAll('details.distlab-saved')].map(e => e.textContent).join('\\n')"
-
-
-def test_a_notebook_saved_while_a_run_is_live_shows_what_it_had_printed_when_reopened(lab, browser, shots):
-    write_notebook(lab["root"] / "saved-live.ipynb", save_cells(lab["root"] / "saved-live.release"))
+def test_a_notebook_saved_while_a_run_is_live_holds_what_it_had_printed_and_later_only_the_record(
+        lab, browser, shots):
+    """Saved mid-run: no widget (it would reopen as 'Error displaying widget: model not found'), the
+    lines the ranks had printed a moment before the save, and nothing the live view did not show.
+    Saved again once the run is over: the record alone, no copy of the run left under it."""
+    path = lab["root"] / "saved-live.ipynb"
+    write_notebook(path, SAVE_CELLS)
     nb = Notebook(browser, lab, "saved-live.ipynb", shots)
     try:
         nb.menu("Run", "Run All Cells")
-        nb.wait(lambda: "rank 1 slow step 2" in nb.cell(2).evaluate(SAVED_COPY_JS), "the copy under the live view")
-        assert nb.prompt(2) == "[*]:"
+        nb.wait(lambda: _printed(lab, "slow", 1, "rank 1 slow step 12\n"), "the run to be a few seconds in")
+        printed = [_last_step(_rank_log(lab, "slow", r), r) for r in (0, 1)]  # by the time the learner saves
         nb.page.keyboard.press("Control+s")
-        nb.wait(lambda: "slow step" in _saved_outputs(lab["root"] / "saved-live.ipynb"), "the save mid-run")
+        nb.wait(lambda: "slow step" in _saved_outputs(path), "the save mid-run")
         nb.shot("1-saved-while-running")
-        saved = _saved_outputs(lab["root"] / "saved-live.ipynb")
-        assert "application/vnd.jupyter.widget-view+json" in saved and "distlab-saved" in saved, saved[:1500]
-        nb.menu("Kernel", "Shut Down Kernel")  # the run ends with its kernel; no later save
-        nb.wait(lambda: workers_under(lab["proc"]) == [], "the workers to end with their kernel")
+        assert nb.prompt(2) == "[*]:", "the run ended before the save: nothing was saved mid-run"
+        saved = json.loads(_saved_outputs(path))
+        mid = path.with_name("saved-mid-run.ipynb")
+        mid.write_text(path.read_text())  # reopened below, once this kernel is gone
+        assert "application/vnd.jupyter.widget-view+json" not in json.dumps(saved), saved
+        (output,) = saved  # one output: the live view itself, no second copy of it
+        text = "".join(output["data"]["text/plain"])
+        kept = [_last_step(text, r) for r in (0, 1)]
+        assert all(k >= p - SAVE_LAG_S / SAVE_STEP_S for k, p in zip(kept, printed, strict=True)), (
+            f"saved with the ranks at steps {kept}, but they had printed steps {printed} before the save:\n{text}")
+        assert text.startswith("distlab: 2 ranks · running "), text
+        live = nb.outputs(2).strip().splitlines()
+        assert live[0].startswith("distlab: 2 ranks · running ") and "copy" not in nb.outputs(2), live[:3]
+
+        nb.wait(lambda: nb.finished(2), "the run to finish")
+        nb.page.keyboard.press("Control+s")
+        nb.wait(lambda: "ranks done in" in _saved_outputs(path), "the save after the run")
+        (output,) = json.loads(_saved_outputs(path))
+        text = "".join(output["data"]["text/plain"])
+        assert text.startswith("distlab: 2 ranks done in") and "running" not in json.dumps(output), text[:600]
+        nb.menu("Kernel", "Shut Down Kernel")
+        assert not nb.errors, nb.errors
     finally:
         nb.close()
 
-    again = Notebook(browser, lab, "saved-live.ipynb", shots)  # a new kernel: the widget's model is gone
+    again = Notebook(browser, lab, mid.name, shots)  # a new kernel: nothing of the run is left but the file
     try:
-        copy = again.wait(lambda: again.cell(2).evaluate(SAVED_COPY_JS), "the saved copy after reopening")
+        again.wait(lambda: f"rank 0 slow step {kept[0]}" in again.outputs(2), "the saved output after reopening")
         again.shot("2-reopened")
-        assert "rank 0 slow step 2" in copy and "rank 1 slow step 2" in copy, copy[:800]
-        summary = again.cell(2).locator("details.distlab-saved > summary").inner_text()
-        assert "a copy of the output so far" in summary and "the live view above needs the kernel" in summary
+        assert "Error displaying widget" not in again.text() and not again.errors, again.errors
+        assert again.cell(2).locator(".distlab-rank").count() == 2
     finally:
         again.close()
+
+
+def test_a_run_that_outlives_its_cell_keeps_drawing_there_and_ends_with_its_record(lab, browser, shots):
+    """``join=False``: the view draws from its own thread and the run's while the kernel runs later
+    cells. Every redraw and the record land in the launching cell, which, saved, holds the record alone
+    (the widget view left its widget there, and its mid-run copy)."""
+    write_notebook(lab["root"] / "pending.ipynb", PENDING_CELLS)
+    nb = Notebook(browser, lab, "pending.ipynb", shots)
+    try:
+        nb.menu("Run", "Run All Cells")
+        nb.wait(lambda: "joined: {0: 0, 1: 1}" in nb.outputs(4), "the run to be joined in a later cell")
+        nb.wait(lambda: "2 ranks done in" in nb.outputs(2), "the record in the launching cell", timeout_s=10)
+        nb.shot("pending-joined")
+        launch = nb.outputs(2)
+        assert "rank 1 chatty step 14" in launch and "running" not in launch, launch[:600]
+        assert nb.outputs(3).strip() == "another cell ran" and "chatty" not in nb.outputs(4), nb.outputs(4)
+        nb.page.keyboard.press("Control+s")
+        nb.wait(lambda: "chatty" in _saved_outputs(lab["root"] / "pending.ipynb"), "the save")
+        (output,) = json.loads(_saved_outputs(lab["root"] / "pending.ipynb"))
+        assert set(output["data"]) == {"text/html", "text/plain"}, output  # no widget
+        assert "".join(output["data"]["text/plain"]).startswith("distlab: 2 ranks done in"), output
+        nb.menu("Kernel", "Shut Down Kernel")
+        assert not nb.errors, nb.errors
+    finally:
+        nb.close()
 
 
 def test_a_chapter_opens_unmodified(lab, browser, shots):
@@ -468,11 +510,6 @@ def test_a_chapter_opens_unmodified(lab, browser, shots):
         nb.close()
 
 
-def _following(pane: dict) -> dict | None:
-    """The pane's geometry once its last line is in view (a redraw may still be on its way)."""
-    return pane if pane.get("found") and pane["endInView"] else None
-
-
 def _saved_outputs(path: Path) -> str:
     """The outputs of the saved launching cell as JSON text ('' while they are not on disk yet)."""
     try:
@@ -484,5 +521,14 @@ def _saved_outputs(path: Path) -> str:
 
 def _printed(lab, function: str, rank: int, text: str) -> bool:
     """Whether a rank of the latest run of ``function`` has printed ``text`` (its log in the run folder)."""
-    logs = lab["runs"].glob(f"*{function}*/logs/attempt0/rank{rank}.out")
-    return any(text in log.read_text() for log in logs)
+    return text in _rank_log(lab, function, rank)
+
+
+def _rank_log(lab, function: str, rank: int) -> str:
+    """Everything a rank of the runs of ``function`` has printed so far (its logs in the run folders)."""
+    return "".join(log.read_text() for log in lab["runs"].glob(f"*{function}*/logs/attempt0/rank{rank}.out"))
+
+
+def _last_step(text: str, rank: int = 0) -> int:
+    """The last ``rank N slow step K`` line's K in ``text`` (-1 when there is none)."""
+    return max((int(k) for k in re.findall(rf"rank {rank} slow step (\d+)\n", text + "\n")), default=-1)

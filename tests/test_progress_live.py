@@ -8,7 +8,7 @@ import pytest
 from fake_kernel import run_cells
 
 import distlab
-from distlab.view.display import TextView, WidgetView
+from distlab.view.display import LiveView, TextView
 from distlab.view.streams import rendered_lines
 
 pytestmark = pytest.mark.slow
@@ -44,18 +44,18 @@ class FakeShower:
 
 
 class Both:
-    """The widget view (its record is what a saved notebook keeps) and the text view, fed the same
+    """The live view (its record is what a saved notebook keeps) and the text view, fed the same
     calls by the engine, each call noted with its time."""
 
     def __init__(self):
         self.shower, self.text = FakeShower(), io.StringIO()
-        self.widgets, self.plain = WidgetView(2, shower=self.shower), TextView(2, stream=self.text)
+        self.live, self.plain = LiveView(2, shower=self.shower), TextView(2, stream=self.text)
         self.calls = []
 
     def __getattr__(self, name):
         def call(*args):
             self.calls.append((time.monotonic(), name, *args))
-            for view in (self.widgets, self.plain):
+            for view in (self.live, self.plain):
                 if hasattr(view, name):
                     getattr(view, name)(*args)
         return call
@@ -75,7 +75,7 @@ def test_a_rank_progress_bar_moves_live_and_stays_as_one_line():
         text = view.text.getvalue()
         assert f"[rank{rank}] {final}\n[rank{rank}] rank {rank} after the bar\n" in text, text
         assert text.count(f"[rank{rank}] rank {rank} ") == 3 and "\r" not in text
-    bundle, _ = view.shower.replaced[-2]  # the record that replaced the widgets
+    bundle, _ = view.shower.replaced[-1]  # the record that replaced the live view
     for shown in bundle["text/plain"], bundle["text/html"]:
         assert "\r" not in shown and "0/5" not in shown and "rank 1 5/5 |#####|" in shown
     assert "rank 1 · done in" in bundle["text/plain"] and "--- rank 1 · done in" in bundle["text/plain"]

@@ -9,7 +9,7 @@ from distlab.errors import INTERRUPTED, RunInterrupted, WorkerFailedError, Worke
 from distlab.launch import engine
 from distlab.results import RunResult
 from distlab.view import record
-from distlab.view.display import WidgetView
+from distlab.view.display import LiveView
 
 
 class Blocks(HTMLParser):
@@ -137,12 +137,34 @@ def test_a_rank_that_printed_nothing_says_so():
     assert (block["summary"], block["shown"]) == ("rank 0 · done in 1.0 s · no output", "(printed nothing)")
 
 
-def test_a_live_pane_keeps_the_latest_lines():
-    board = record.Board(1)
+def test_the_live_view_shows_each_ranks_latest_lines_and_counts_the_rest():
+    board = record.Board(2)
     for i in range(record.LIVE_TAIL_LINES + 7):
         board.line(0, f"step {i}")
-    pane = record.pane_html(board.ranks[0].lines, board.ranks[0].count)
-    assert "… 7 earlier lines not shown\nstep 7\n" in pane and pane.endswith(f"step {record.LIVE_TAIL_LINES + 6}</pre>")
+    shown = record.live_lines_per_rank(2)
+    text = record.live_text(board, 11.4)
+    last = record.LIVE_TAIL_LINES + 6
+    assert text.startswith("distlab: 2 ranks · running 11 s\n--- rank 0 · running · 507 lines ---\n"
+                           f"… {last + 1 - shown} earlier lines not shown\nstep {last + 1 - shown}\n"), text[:300]
+    assert text.endswith(f"step {last}\n--- rank 1 · starting ---\n(starting…)")
+    page = record.live_html(board, 11.4)
+    assert page.count("<pre") == 1 and f"step {last}</pre>" in page and "<i>starting…</i>" in page
+    assert "<details" not in page  # nothing to click while it runs: each redraw would close it again
+
+
+def test_the_live_view_fits_many_ranks_on_about_a_screen():
+    assert record.live_lines_per_rank(2) == record.LIVE_SHOWN_LINES // 2
+    assert record.live_lines_per_rank(64) == record.LIVE_MIN_LINES
+
+
+def test_only_a_rank_that_reports_progress_gets_a_bar():
+    board = record.Board(2)
+    board.metric(1, {"loss": 0.5})
+    board.metric(0, {"step": 4, "total": 8, "loss": 0.123456})
+    page = record.live_html(board, 1.0)
+    assert page.count("<progress") == 1 and '<progress value="4" max="8"></progress> 4/8  loss=0.1235' in page
+    assert record.live_heading(board.ranks[0]) == "rank 0 · running · 4/8  loss=0.1235"
+    assert record.live_heading(board.ranks[1]) == "rank 1 · starting"
 
 
 def test_ranks_a_script_started_itself_report_progress_but_get_no_empty_block():
@@ -157,24 +179,24 @@ def test_a_scripts_one_log_is_named_after_the_script_not_rank_0():
     """#38 item 9: run_script(mode="python") starts one process; calling its log "rank 0" misled."""
     board = record.Board(1, {0: "ddp_train.py"})
     board.line(0, "Rank 1, Epoch 0, Batch 0, Loss: 0.7")
-    assert board.ranks[0].title() == "ddp_train.py · running"
+    assert record.live_heading(board.ranks[0]).startswith("ddp_train.py · running")
+    assert "rank 0" not in record.live_bundle(board, 1.0)["text/html"]
     board.finish(record.Outcome("done", wall_s=1.0))
-    assert board.ranks[0].title().startswith("ddp_train.py ✓")
     assert "--- ddp_train.py · done" in record.record_text(board)
     assert "<summary>ddp_train.py · done" in record.record_html(board) and "rank 0" not in record.record_html(board)
 
 
 def test_rank_states_from_starting_to_done():
     board = record.Board(2)
-    assert [s.title() for s in board.ranks] == ["rank 0 · starting", "rank 1 · starting"]
+    assert [record.live_heading(s) for s in board.ranks] == ["rank 0 · starting", "rank 1 · starting"]
     board.metric(0, {"loss": 0.5})  # a number without progress: still starting, no step shown
-    assert board.ranks[0].title() == "rank 0 · starting"
+    assert record.live_heading(board.ranks[0]) == "rank 0 · starting"
     assert board.metric(0, {"step": 3, "total": 10, "loss": 0.25})
     board.started(1)
-    assert [s.title() for s in board.ranks] == ["rank 0 · 3/10", "rank 1 · running"]
+    assert [record.live_heading(s) for s in board.ranks] == ["rank 0 · running · 3/10  loss=0.25",
+                                                             "rank 1 · running"]
     board.returned(1, 1.52)
     board.finish(record.Outcome("done", wall_s=2.0))
-    assert [s.title() for s in board.ranks] == ["rank 0 ✓ 2.0 s", "rank 1 ✓ 1.5 s"]
     assert [s.label() for s in board.ranks] == ["done in 2.0 s", "done in 1.5 s"]
 
 
@@ -228,7 +250,7 @@ def test_ipython_shows_the_message_not_the_frames_it_came_through(capsys):
     assert "_deep_inside_distlab" not in shown and "ValueError: boom" in shown
 
 
-# ---------------------------------------------------------------------------------------------- widget view
+# ---------------------------------------------------------------------------------------------- live view
 class FakeShower:
     def __init__(self):
         self.shown, self.replaced = [], []
@@ -238,6 +260,10 @@ class FakeShower:
 
     def replace(self, bundle, display_id):
         self.replaced.append((bundle, display_id))
+
+    def latest(self) -> dict:
+        """What the one live output holds now: what a notebook saved at this moment keeps."""
+        return (self.replaced or self.shown)[-1][0]
 
 
 class Clock:
@@ -249,102 +275,85 @@ class Clock:
 
 
 @pytest.fixture
-def widget_view():
+def live_view():
     shower, clock = FakeShower(), Clock()
-    view = WidgetView(2, shower=shower, clock=clock)
+    view = LiveView(2, shower=shower, clock=clock)
     yield view, shower, clock
     view._stop.set()
 
 
-def test_no_progress_bar_until_a_rank_reports_step_and_total(widget_view):
-    view, _, _ = widget_view
-    view.metric(0, {"loss": 1.0})
+def test_the_live_view_is_one_plain_output_that_holds_every_line_printed_so_far(live_view):
+    """A widget in the saved file reopens as 'Error displaying widget: model not found': the one
+    output the view draws is a plain bundle, and it holds a line as soon as the view redraws."""
+    view, shower, clock = live_view
+    ((first, live_id),) = shower.shown
+    assert set(first) == {"text/html", "text/plain"}
+    assert first["text/plain"] == "distlab: 2 ranks · running 0 s\n--- rank 0 · starting ---\n(starting…)\n" \
+                                  "--- rank 1 · starting ---\n(starting…)"
+    view.line(1, "step 1 of rank 1")
+    clock.now += 0.1
     view.refresh()
-    assert view.bars.children == ()
-    view.metric(1, {"step": 4, "total": 8, "loss": 0.5})
+    (bundle, display_id), = shower.replaced
+    assert display_id == live_id and all("step 1 of rank 1" in bundle[kind] for kind in ("text/html", "text/plain"))
     view.refresh()
-    (row,) = view.bars.children
-    bar, label = row.children
-    assert (bar.description, bar.value, bar.max) == ("rank 1", 4, 8) and label.value == "4/8  loss=0.5"
+    assert len(shower.replaced) == 1  # nothing changed: nothing sent
+    clock.now += 1.0
+    view.refresh()
+    assert shower.latest()["text/plain"].startswith("distlab: 2 ranks · running 1 s\n")  # the clock, once a second
 
 
-def test_tabs_show_each_rank_state_and_panes_follow_the_tail(widget_view, tmp_path):
-    view, _, clock = widget_view
+def test_the_live_view_has_no_line_but_the_runs_own(live_view):
+    view, shower, clock = live_view
+    view.line(0, "hello")
+    clock.now += 3.0
+    view.refresh()
+    text = shower.latest()["text/plain"]
+    assert text.splitlines() == ["distlab: 2 ranks · running 3 s", "--- rank 0 · running · 1 line ---", "hello",
+                                 "--- rank 1 · starting ---", "(starting…)"]
+
+
+def test_rank_states_follow_the_run_folder(live_view, tmp_path):
+    view, shower, clock = live_view
     view.begin(tmp_path)
     for sub in ("ready", "returns"):
         (tmp_path / sub).mkdir()
     view.refresh()
-    assert view.tabs.titles == ("rank 0 · starting", "rank 1 · starting")
+    assert "<i>starting…</i>" in shower.latest()["text/html"]
     (tmp_path / "ready" / "rank1").write_text("123")  # rank 1's interpreter is up, it printed nothing yet
-    view.line(0, "hello")
     view.refresh()
-    assert view.tabs.titles == ("rank 0 · running", "rank 1 · running")
-    assert "hello" in view.panes[0].value and view.panes[0].layout.flex_flow == "column-reverse"
+    assert "rank 1 · running</div>" in shower.latest()["text/html"]
+    assert "running, printed nothing yet" in shower.latest()["text/html"]
     clock.now += 1.25
     (tmp_path / "returns" / "rank1.pt").write_bytes(b"")
     view.refresh()
-    assert view.tabs.titles[1] == "rank 1 ✓ 1.2 s"
+    assert "--- rank 1 · done in 1.2 s ---" in shower.latest()["text/plain"]
 
 
-def test_finish_replaces_the_widgets_by_the_record_with_the_failed_rank_selected(widget_view):
-    view, shower, _ = widget_view
+def test_finish_replaces_the_live_view_by_the_record_in_the_same_output(live_view):
+    view, shower, _ = live_view
     view.begin("/runs/x")
     view.line(1, "ValueError: boom")
     view.close()
-    assert shower.replaced == []  # this engine reports the outcome: the record waits for finish()
+    assert "running" in shower.latest()["text/plain"]  # this engine reports the outcome: the record waits for finish()
     view.finish(WorkerFailedError(1, 1, "tb", "", "/runs/x"))
-    assert view.tabs.selected_index == 1 and view.tabs.titles == ("rank 0 · stopped", "rank 1 ✗ failed first")
-    (bundle, display_id), (emptied, saved_id) = shower.replaced
-    assert display_id == shower.shown[0][1] and set(bundle) == {"text/html", "text/plain"}
-    assert saved_id == shower.shown[1][1] and emptied == {"text/plain": ""}  # the mid-run copy gives way
-    assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1
-    (inside,) = view.box.children  # where the output cannot be replaced (join=False), the widget shows it
-    assert inside.value == bundle["text/html"]
+    assert {display_id for _, display_id in shower.shown + shower.replaced} == {view.display_id}
+    bundle = shower.latest()
+    assert bundle["text/plain"].startswith("distlab: rank 1 failed first (exit code 1)")
+    assert Blocks(bundle["text/html"]).blocks[0]["rank"] == 1 and "running" not in bundle["text/html"]
+    view.refresh()
+    assert shower.latest() is bundle  # the record stays: no live redraw after it
 
 
-def test_an_engine_without_finish_still_leaves_a_record(widget_view):
-    view, shower, clock = widget_view
+def test_an_engine_without_finish_still_leaves_a_record(live_view):
+    view, shower, clock = live_view
     view.line(0, "hi")
     clock.now += 2.0
     view.close()
-    *_, (bundle, _), (emptied, _) = shower.replaced
-    assert emptied == {"text/plain": ""}
-    assert bundle["text/plain"].startswith("distlab: ended after 2.0 s\n--- rank 0 · ended · 1 line ---\nhi")
+    assert shower.latest()["text/plain"].startswith("distlab: ended after 2.0 s\n--- rank 0 · ended · 1 line ---\nhi")
 
 
-def test_a_copy_of_the_output_so_far_sits_under_the_widgets_for_a_notebook_saved_mid_run(widget_view):
-    from distlab.view.display import SNAPSHOT_S
-
-    view, shower, clock = widget_view
-    (widget, live_id), (copy, saved_id) = shower.shown
-    assert not isinstance(widget, dict) and saved_id != live_id
-    assert copy["text/html"].startswith('<details class="distlab-saved"><summary>distlab: a copy of the output so far')
-    view.line(1, "step 1 of rank 1")
-    view.refresh()
-    assert shower.replaced == []  # not redrawn more often than every SNAPSHOT_S
-    clock.now += SNAPSHOT_S
-    view.refresh()
-    ((bundle, display_id),) = shower.replaced
-    assert display_id == saved_id and "(2 s in)" in bundle["text/plain"]
-    assert "step 1 of rank 1" in bundle["text/html"] and "still running after 2.0 s" in bundle["text/html"]
-    clock.now += SNAPSHOT_S
-    view.refresh()
-    assert len(shower.replaced) == 1  # nothing new: nothing sent
-
-
-def test_a_rank_that_printed_nothing_says_running_in_its_pane_as_in_its_tab(widget_view, tmp_path):
-    view, _, _ = widget_view
-    view.begin(tmp_path)
-    (tmp_path / "ready").mkdir()
-    view.refresh()
-    assert "starting" in view.panes[1].value
-    (tmp_path / "ready" / "rank1").write_text("123")
-    view.refresh()
-    assert view.tabs.titles[1] == "rank 1 · running" and "running, printed nothing yet" in view.panes[1].value
-
-
-def test_the_headline_and_every_ranks_done_time_come_from_one_clock(widget_view, tmp_path):
-    view, shower, clock = widget_view
+def test_the_headline_and_every_ranks_done_time_come_from_one_clock(live_view, tmp_path):
+    view, shower, clock = live_view
     view.begin(tmp_path)
     (tmp_path / "returns").mkdir()
     clock.now += 0.5
@@ -353,7 +362,7 @@ def test_the_headline_and_every_ranks_done_time_come_from_one_clock(widget_view,
     view.refresh()
     clock.now += 0.04
     view.finish(RunResult(tmp_path, None, 2, returns={0: 1, 1: 2}, wall_s=0.41))  # the engine's own, shorter, clock
-    text = shower.replaced[0][0]["text/plain"]
+    text = shower.latest()["text/plain"]
     assert text.startswith("distlab: 2 ranks done in 0.5 s\n--- rank 0 · done in 0.5 s"), text
 
 

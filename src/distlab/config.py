@@ -133,7 +133,7 @@ def check_max_restarts(value) -> int:
     return check_non_negative_int("max_restarts", value, "max_restarts=1")
 
 
-VIEWS = ("auto", "text", "widgets", "none", None)
+VIEWS = ("auto", "text", "live", "widgets", "none", None)  # "widgets": the live view's earlier name
 VIEW_METHODS = ("line", "metric", "close")
 
 

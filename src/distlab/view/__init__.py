@@ -3,8 +3,10 @@
 Modules, each with the process it runs in (all in the kernel):
 
 * ``display``: where live rank output goes: a text stream (every frontend, CI, the built book) or
-  ipywidgets panes, and the static record that replaces the widget when a run ends.
-* ``record``: each rank's state and output during a run, and that static record. Pure.
+  one display output redrawn in place (JupyterLab, Notebook, VS Code), which the static record
+  replaces when a run ends.
+* ``record``: each rank's state and output during a run, the live view and the record as HTML and
+  text. Pure.
 * ``streams``: a rank's output cut into ordinary lines and progress bars redrawing a line in place
   (``\\r``). Pure.
 * ``bars``: progress bars in a text front end: one line per bar that updates in place (a kernel

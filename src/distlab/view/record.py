@@ -1,10 +1,12 @@
 """Each rank's state and output during a run, and the static record a cell keeps when it ends. Pure.
 
-A widget needs a live kernel: a notebook saved with only a widget in it shows ``Error displaying
-widget: model not found`` once reopened. So when a run ends the live view is replaced by a plain
-HTML record (one collapsible ``<details>`` block per rank, the rank that failed first on top and
-open) with a text/plain fallback: both render in JupyterLab, VS Code, nbviewer, GitHub and the
-built book without any JavaScript.
+Both are plain HTML with a text/plain fallback, never a widget: a widget is drawn from its model in
+the kernel, so a notebook saved with one in it shows ``Error displaying widget: model not found``
+once reopened. The live view (:func:`live_bundle`: a headline, then each rank's state and latest
+lines) is one display output redrawn in place, so whatever moment a notebook is saved, the file
+holds what the ranks had printed by then. When the run ends the record replaces it (one
+collapsible ``<details>`` block per rank, the rank that failed first on top and open). Both render
+in JupyterLab, VS Code, nbviewer, GitHub and the built book without any JavaScript.
 
 Nothing here starts processes or imports Jupyter: the views in ``display.py`` feed a :class:`Board`
 and show what this module renders, so the rendering is tested without a browser.
@@ -18,7 +20,9 @@ from dataclasses import dataclass, field
 
 from distlab.view.streams import rendered_lines
 
-LIVE_TAIL_LINES = 500  # a live pane shows the latest lines, as a terminal's scrollback would
+LIVE_TAIL_LINES = 500  # kept per rank during a run (the record reads the complete log when the run ends)
+LIVE_SHOWN_LINES = 40  # the live view shows this many of the latest lines, shared out among the ranks
+LIVE_MIN_LINES = 3  # ... but never fewer than this many per rank
 RECORD_TAIL_LINES = 200  # per rank in the saved record (the full log stays in res.logs / the run folder)
 RECORD_SHOWN_LINES = 25  # of those, shown without a click: the end, where a traceback is
 TEXT_TAIL_LINES = 40  # per rank in the text/plain fallback
@@ -63,16 +67,6 @@ class RankState:
             return "stopped by distlab"
         return self.phase
 
-    def title(self) -> str:
-        """A tab title, short (a tab shows about 20 characters): ``rank 1 ✓ 2.1 s``, ``rank 1 ✗ failed first``."""
-        if self.phase == "done":
-            return f"{self.who()} ✓ " + (f"{self.done_s:.1f} s" if self.done_s is not None else "done")
-        if self.phase == "failed":
-            return f"{self.who()} ✗ failed first"
-        if self.phase == "running" and self.total:
-            return f"{self.who()} · {self.step}/{self.total}"
-        return f"{self.who()} · {'stopped' if self.phase == 'stopped' else self.phase}"
-
 
 @dataclass
 class Outcome:
@@ -98,8 +92,6 @@ class Outcome:
             return f"timed out{after}; all ranks were stopped"
         if self.kind == "interrupted":
             return f"interrupted{after}; all {world_size} worker processes were stopped"
-        if self.kind == "running":
-            return f"still running{after}"
         return self.message or f"ended{after}"
 
 
@@ -214,7 +206,7 @@ def placeholder(state: RankState) -> str:
 
 
 def pane_html(lines, total: int, placeholder: str = "") -> str:
-    """A rank's latest lines for a live pane (the pane's own layout keeps its bottom end in view)."""
+    """A rank's latest lines in the live view, the ones before them counted (the record shows them)."""
     lines = list(lines)
     if not lines:
         return f'<div style="opacity:0.6;padding:0.3em 0.5em"><i>{html.escape(placeholder)}</i></div>'
@@ -312,6 +304,75 @@ def record_bundle(board: Board) -> dict:
     return {"text/html": record_html(board), "text/plain": record_text(board)}
 
 
+# ---------------------------------------------------------------------------------------------- the live view
+def live_lines_per_rank(world_size: int) -> int:
+    """How many of each rank's latest lines the live view shows: about a screen in all, so eight ranks
+    fit as two do. There is no scroll box to scroll back in: each redraw would jump it to the end."""
+    return max(LIVE_MIN_LINES, LIVE_SHOWN_LINES // max(world_size, 1))
+
+
+def live_headline(board: Board, elapsed_s: float) -> str:
+    """``distlab: 2 ranks · running 11 s``: whole seconds, so the clock alone redraws once a second."""
+    n = len(board.ranks)
+    return f"distlab: {n} rank{'s' * (n != 1)} · running {elapsed_s:.0f} s"
+
+
+def _heading_parts(state: RankState) -> list[str]:
+    """The rank, its state as the record's summary says it, its line count, then its progress (last)."""
+    parts = [state.who(), state.label()]
+    if state.count:
+        parts.append(f"{state.count} line{'s' * (state.count != 1)}")
+    if state.total:
+        shown = "  ".join(f"{k}={short_value(v)}" for k, v in state.metrics.items())
+        parts.append(f"{state.step}/{state.total}" + (f"  {shown}" if shown else ""))
+    return parts
+
+
+def live_heading(state: RankState) -> str:
+    """``rank 0 · running · 12 lines · 12/30  loss=0.5``: progress once the rank reports ``step``/``total``."""
+    return " · ".join(_heading_parts(state))
+
+
+def _live_rank_html(state: RankState, shown: int) -> str:
+    """A rank's heading (a progress bar before its progress) and its latest ``shown`` lines."""
+    parts = [html.escape(part) for part in _heading_parts(state)]
+    if state.total:
+        bar = f'<progress value="{min(state.step or 0, state.total)}" max="{state.total}"></progress>'
+        parts[-1] = f"{bar} {parts[-1]}"
+    lines = list(state.lines)[-shown:]
+    return (f'<div class="distlab-rank" data-rank="{state.rank}"><div>{" · ".join(parts)}</div>'
+            f"{pane_html(lines, state.count, placeholder(state))}</div>")
+
+
+def live_html(board: Board, elapsed_s: float) -> str:
+    """What a running cell shows, and what a notebook saved mid-run keeps: a headline, then each rank's
+    state and latest lines."""
+    shown = live_lines_per_rank(len(board.ranks))
+    parts = [f'<div class="distlab-live"><div style="font-weight:bold">'
+             f"{html.escape(live_headline(board, elapsed_s))}</div>"]
+    parts.extend(_live_rank_html(state, shown) for state in record_order(board))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def live_text(board: Board, elapsed_s: float) -> str:
+    """The same live view as plain text, for front ends that show no HTML."""
+    shown = live_lines_per_rank(len(board.ranks))
+    out = [live_headline(board, elapsed_s)]
+    for state in record_order(board):
+        lines = list(state.lines)[-shown:]
+        out.append(f"--- {live_heading(state)} ---")
+        if state.count > len(lines):
+            out.append(f"… {state.count - len(lines)} earlier lines not shown")
+        out.extend(lines or [f"({placeholder(state)})"])
+    return "\n".join(out)
+
+
+def live_bundle(board: Board, elapsed_s: float) -> dict:
+    """A display bundle with no widget in it: what a running cell shows, redrawn in place."""
+    return {"text/html": live_html(board, elapsed_s), "text/plain": live_text(board, elapsed_s)}
+
+
 def returns_lines(returns) -> list[tuple[object, str]]:
     """``(rank, text)`` per rank: each rank's value on its own, pretty-printed, cut only when long."""
     if not isinstance(returns, dict):
@@ -334,24 +395,14 @@ def returns_html(returns) -> str:
             f"(<code>res.returns</code>)</summary><pre style=\"{PRE_STYLE}\">{html.escape(body)}</pre></details>")
 
 
-SAVED_SUMMARY = ("distlab: a copy of the output so far ({elapsed:.0f} s in), for a notebook saved while this run "
-                 "is going: the live view above needs the kernel that runs it")
-
-
-def snapshot_bundle(board: Board, elapsed_s: float) -> dict:
-    """What a notebook saved mid-run keeps next to the live widget (which a reopened notebook cannot
-    draw): every rank's output so far, collapsed under one line while the live view is there."""
-    running = Board(board.world_size, board.names)
-    running.ranks, running.outcome = board.ranks, Outcome("running", wall_s=elapsed_s)
-    summary = SAVED_SUMMARY.format(elapsed=elapsed_s)
-    return {"text/html": f"<details class=\"distlab-saved\"><summary>{html.escape(summary)}</summary>"
-                         f"{record_html(running)}</details>",
-            "text/plain": summary + "\n" + record_text(running)}
-
-
 def clip(line: str) -> str:
     """One line, cut to a length a browser lays out without trouble."""
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "…"
+
+
+def short_value(value) -> str:
+    """A reported number as a progress label shows it: floats to four significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _short_repr(value, limit: int = 400) -> str:
