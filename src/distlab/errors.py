@@ -148,3 +148,11 @@ class PortInUseError(RendezvousError, OSError):
     def __init__(self, message: str):
         super().__init__(message)
         self.errno = errno.EADDRINUSE
+
+
+NODES = "distlab: cannot start nodes: {problem}. {hint}"
+NODE_COMMAND = "distlab: node {node} ({host}): `{command}` failed (exit code {code}):\n{output}\n{hint}"
+
+
+class NodesError(DistlabError, RuntimeError):
+    """Nodes (network namespaces standing in for machines) cannot start, or a step on one failed."""
