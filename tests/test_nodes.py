@@ -59,7 +59,8 @@ def test_nodes_talk_over_their_links_and_the_kernel_counts_it(nodes):
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout.readline().strip() == "ready"
-        nodes.run(0, f"{sys.executable} -c \"import socket; socket.create_connection(('node1', 29601)).sendall(b'x' * 300000)\"")
+        send = "import socket; socket.create_connection(('node1', 29601)).sendall(b'x' * 300000)"
+        nodes.run(0, f'{sys.executable} -c "{send}"')
         assert server.stdout.readline().split() == ["10.77.0.1", "300000"]
     finally:
         server.kill()

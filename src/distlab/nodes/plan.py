@@ -16,6 +16,7 @@ MAX_NODES = 64  # each node holds three small processes and two interfaces; 64 i
 SUBNET = "10.77.0"  # private, and only ever inside the user's own namespaces (never the host's network)
 NODE_IF = "eth0"
 SWITCH_BRIDGE = "br0"
+RDZV_PORT = 29400  # torchrun's default; free on node 0 whatever the host runs (its own network)
 TICK_S = 0.008  # a token bucket's burst must cover about two timer ticks at its rate, or it delivers
 #                 a fraction of the rate (measured: 256 kbit at 1 gbit gave 0.28-0.36 of it)
 MIN_BURST = 16 * 1024
@@ -82,6 +83,9 @@ def hosts_file(n: int) -> str:
     """``/etc/hosts`` as every node sees it: localhost, and each node's name at its address."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     lines += [f"{address(k)}\t{host(k)}" for k in range(n)]
+    # torch's TCP store listens on IPv6 and sees its IPv4 peers as ::ffff:a.b.c.d; without these
+    # lines naming them asks DNS, which no node reaches ("hostname of the client socket cannot be retrieved")
+    lines += [f"::ffff:{address(k)}\t{host(k)}" for k in range(n)]
     return "\n".join(lines) + "\n"
 
 
