@@ -33,8 +33,9 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
     CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
     (see :mod:`distlab.forkserver.mode`).
     ``nodes``: a :class:`distlab.Nodes`; ``nprocs`` ranks on each node (``nodes.n * nprocs`` in
-    all, rank ``r`` on node ``r // nprocs``), one torchelastic agent per node inside its network,
-    meeting in a c10d rendezvous at node 0, as ``torchrun --nnodes`` on each machine would.
+    all; rank ``r`` on node ``r // nprocs``, as torch's c10d rendezvous numbers the nodes by host
+    name), one torchelastic agent per node inside its network, meeting in a c10d rendezvous at
+    node 0, as ``torchrun --nnodes`` on each machine would.
     """
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start, nodes)

@@ -12,7 +12,8 @@ import re
 
 from distlab.errors import LaunchArgumentError
 
-MAX_NODES = 64  # each node holds three small processes and two interfaces; 64 is plenty for a lesson
+MAX_NODES = 10  # torch's c10d rendezvous numbers nodes in the order of their host names: up to node9
+#                that is node order (node10 would come before node2); and 10 is plenty on a few cores
 SUBNET = "10.77.0"  # private, and only ever inside the user's own namespaces (never the host's network)
 NODE_IF = "eth0"
 SWITCH_BRIDGE = "br0"
@@ -34,7 +35,8 @@ def count(n) -> int:
     if not 1 <= n <= MAX_NODES:
         raise LaunchArgumentError(
             name="n", value=n, problem=f"the number of nodes must be between 1 and {MAX_NODES}",
-            hint="Each node is a network namespace with its own processes; a lesson needs 2 to 8.")
+            hint="torch numbers nodes by sorted host name, which is node order only up to node9; "
+                 "a lesson needs 2 to 8.")
     return n
 
 
