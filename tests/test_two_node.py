@@ -110,3 +110,15 @@ def test_run_on_nodes_names_the_node_that_failed_and_stops_the_others(capsys):
             T.run_on_nodes(nodes, ["sleep 60", "echo broken; exit 4"], timeout=60)
         assert time.monotonic() - start < 20
     assert "[node1] broken" in capsys.readouterr().out
+
+
+def test_a_cpp_stack_trace_from_a_node_is_folded_into_one_line(capsys):
+    folded = T.FoldedFrames(["node0", "node1"])
+    for line in ["warning: store closed", "frame #0: c10::Error", "frame #1: x", "<omitting python frames>",
+                 "frame #25: _start"]:
+        folded.show(1, line)
+    folded.show(0, "Rank 0, done")
+    folded.flush(1)
+    assert capsys.readouterr().out.splitlines() == [
+        "[node1] warning: store closed", "[node0] Rank 0, done",
+        "[node1] (4 lines of C++ stack trace, in the returned output)"]

@@ -269,6 +269,7 @@ def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = 
     for k, proc in enumerate(procs):
         threading.Thread(target=read, args=(k, proc), daemon=True).start()
     open_streams, deadline, first_failed = len(procs), time.monotonic() + timeout, None
+    folded = FoldedFrames(nodes.hosts)
     try:
         while open_streams and time.monotonic() < deadline:
             try:
@@ -281,10 +282,11 @@ def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = 
                 continue
             if line is None:
                 open_streams -= 1
+                folded.flush(k)
                 continue
             outputs[k].append(line)
             if echo:
-                print(f"[{nodes.hosts[k]}] {line}", flush=True)
+                folded.show(k, line)
     finally:
         for proc in procs:  # all output read: they are ending; else one failed, or time ran out
             try:
@@ -305,6 +307,28 @@ def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = 
             raise RuntimeError(f"node {k} ({nodes.hosts[k]}): `{commands[k]}` ended with exit code "
                                f"{procs[k].returncode}{late}; its last lines:\n{tail}")
     return ["\n".join(out) for out in outputs]
+
+
+class FoldedFrames:
+    """Prints nodes' lines as ``[nodeK] line``, a C++ stack trace (``frame #3: ...`` lines, which
+    torch's store prints with some warnings) folded into one line saying how many frames it had."""
+
+    FRAME = re.compile(r"^(frame #\d+: |<omitting python frames>)")
+
+    def __init__(self, hosts: list[str], out=None):
+        self.hosts, self.out, self.frames = hosts, out, {}
+
+    def show(self, k: int, line: str) -> None:
+        if self.FRAME.match(line):
+            self.frames[k] = self.frames.get(k, 0) + 1
+            return
+        self.flush(k)
+        print(f"[{self.hosts[k]}] {line}", file=self.out, flush=True)
+
+    def flush(self, k: int) -> None:
+        if self.frames.get(k):
+            print(f"[{self.hosts[k]}] ({self.frames.pop(k)} lines of C++ stack trace, in the returned output)",
+                  file=self.out, flush=True)
 
 
 _TEE_LINE = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<local>\d+)\]:Rank (?P<rank>\d+),")
