@@ -65,3 +65,60 @@ def test_two_torchrun_agents_train_to_the_reference(tmp_path):
     assert state["epoch"] == EPOCHS
     assert T.max_abs_difference(state["model"], ref["model"]) < 1e-6
     assert abs(a - sum(v.double().sum().item() for v in ref["model"].values())) < 1e-4
+
+
+@pytest.mark.slow
+def test_chapter_7s_lines_on_two_real_nodes_train_to_the_reference(tmp_path, capsys):
+    """The same commands, each typed on its own node (network namespace, own address, 1 Gbit/s link),
+    with the rendezvous at node0's name: what chapter 7 runs."""
+    import distlab
+
+    script = T.write_ddp_train(tmp_path)
+    ckpt = tmp_path / "nodes.pt"
+    commands = T.torchrun_commands(nnodes=2, nproc_per_node=2, endpoint="node0:29400", script=str(script),
+                                   rdzv_id="chapter7", tee=True,
+                                   script_args=["--epochs", EPOCHS, "--size", SIZE, "--batch-size", BATCH,
+                                                "--log-every", 2, "--checkpoint", ckpt])
+    with distlab.Nodes(2, link="1gbit") as nodes:
+        before = nodes.traffic()
+        outputs = T.run_on_nodes(nodes, commands, timeout=WAIT_S * 2)
+        sent = {k: nodes.traffic()[k]["sent_bytes"] - before[k]["sent_bytes"] for k in (0, 1)}
+    assert "[node1] [default0]:Rank 2, Epoch 0, Batch 0, Loss:" in capsys.readouterr().out  # live, per node
+    placed = [T.ranks_by_local_rank(out) for out in outputs]
+    assert placed == [{0: 0, 1: 1}, {0: 2, 1: 3}]  # RANK vs LOCAL_RANK: node1's local 0 is rank 2
+    sums = T.checksums_in("\n".join(outputs))
+    assert sorted(sums) == [0, 1, 2, 3] and len(set(sums.values())) == 1
+    ref = T.reference_train(SIZE, BATCH, world_size=4, epochs=EPOCHS)
+    assert T.max_abs_difference(torch.load(ckpt, weights_only=True)["model"], ref["model"]) < 1e-6
+    assert min(sent.values()) > 10_000  # the gradients crossed both links
+
+
+def test_ranks_by_local_rank_reads_torchruns_tee_prefix():
+    out = "[default1]:Rank 3, Epoch 0, Batch 0, Loss: 0.7\n[default0]:Rank 2, Epoch 0\nnoise\n[default1]:Rank 3, x"
+    assert T.ranks_by_local_rank(out) == {1: 3, 0: 2}
+
+
+def test_run_on_nodes_names_the_node_that_failed_and_stops_the_others(capsys):
+    import time
+
+    import distlab
+
+    with distlab.Nodes(2) as nodes:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"node 1 \(node1\): `echo broken; exit 4` ended with exit code 4; "
+                                               r"its last lines:\nbroken"):
+            T.run_on_nodes(nodes, ["sleep 60", "echo broken; exit 4"], timeout=60)
+        assert time.monotonic() - start < 20
+    assert "[node1] broken" in capsys.readouterr().out
+
+
+def test_a_cpp_stack_trace_from_a_node_is_folded_into_one_line(capsys):
+    folded = T.FoldedFrames(["node0", "node1"])
+    for line in ["warning: store closed", "frame #0: c10::Error", "frame #1: x", "<omitting python frames>",
+                 "frame #25: _start"]:
+        folded.show(1, line)
+    folded.show(0, "Rank 0, done")
+    folded.flush(1)
+    assert capsys.readouterr().out.splitlines() == [
+        "[node1] warning: store closed", "[node0] Rank 0, done",
+        "[node1] (4 lines of C++ stack trace, in the returned output)"]

@@ -3,11 +3,12 @@
 Front ends: :func:`spawn` (``torch.multiprocessing.spawn``'s signature), :func:`launch`
 (torchrun style) and :func:`run_script`. Inside workers: :func:`report`, :func:`device`.
 Warm ranks kept between cells: :class:`Ranks`, and the ``%%ranks`` magic (``%load_ext distlab``).
+Several machines on one: :class:`Nodes` (network namespaces joined by rate-limited links).
 Errors a notebook catches: :class:`DistlabError` and its kinds, launch (``WorkerFailedError``, ...)
 and warm ranks (``RankError``, ``RanksTimeoutError``, ``RanksStoppedError``).
 
 The engine below is one folder per mechanism (``capture``, ``folders``, ``rendezvous``, ``view``,
-``forkserver``, ``launch``, ``warm``); each folder's ``__init__`` says what it does and what it may
+``forkserver``, ``launch``, ``warm``, ``nodes``); each folder's ``__init__`` says what it does and what it may
 import, and ``pyproject.toml``'s import-linter contracts hold that order.
 """
 from distlab.api import PendingRun, launch, run_script, spawn
@@ -16,18 +17,20 @@ from distlab.errors import (
     CaptureError,
     DistlabError,
     LaunchArgumentError,
+    NodesError,
     WorkerFailedError,
     WorkerTimeoutError,
 )
+from distlab.nodes.cluster import Nodes
 from distlab.results import RunResult
 from distlab.warm.errors import RankError, RanksStoppedError, RanksTimeoutError
 from distlab.warm.ranks import Ranks
 from distlab.worker import report
 
 __all__ = [
-    "spawn", "launch", "run_script", "device", "backend", "report", "RunResult", "PendingRun", "Ranks",
+    "spawn", "launch", "run_script", "device", "backend", "report", "RunResult", "PendingRun", "Ranks", "Nodes",
     "DistlabError", "LaunchArgumentError", "CaptureError", "WorkerFailedError", "WorkerTimeoutError",
-    "RankError", "RanksTimeoutError", "RanksStoppedError",
+    "RankError", "RanksTimeoutError", "RanksStoppedError", "NodesError",
 ]
 __version__ = "0.1.0"
 

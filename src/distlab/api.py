@@ -6,6 +6,7 @@ an :class:`~distlab.launch.engine.Plan` to the one engine.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from distlab import config
@@ -17,12 +18,13 @@ from distlab.folders.runfolder import RunFolder
 from distlab.forkserver import mode as launchmode
 from distlab.launch import engine
 from distlab.launch.compat import check_torch
+from distlab.nodes.plan import RDZV_PORT as NODES_RDZV_PORT
 from distlab.results import RunResult
 from distlab.view.display import make_view
 
 
 def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: float | None = None,
-          view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
+          view="auto", max_restarts: int = 0, start: str = "auto", nodes=None) -> RunResult:
     """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
 
     ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
@@ -30,17 +32,23 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
     ``start``: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
     CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
     (see :mod:`distlab.forkserver.mode`).
+    ``nodes``: a :class:`distlab.Nodes`; ``nprocs`` ranks on each node (``nodes.n * nprocs`` in
+    all; rank ``r`` on node ``r // nprocs``, as torch's c10d rendezvous numbers the nodes by host
+    name), one torchelastic agent per node inside its network, meeting in a c10d rendezvous at
+    node 0, as ``torchrun --nnodes`` on each machine would.
     """
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
-    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start)
+    return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start, nodes)
 
 
 def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
-           timeout: float | None = None, view="auto", max_restarts: int = 0, start: str = "auto") -> RunResult:
+           timeout: float | None = None, view="auto", max_restarts: int = 0, start: str = "auto",
+           nodes=None) -> RunResult:
     """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
-    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``. ``start`` as in :func:`spawn`."""
+    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``. ``start`` as in :func:`spawn`;
+    ``nodes``: ``world_size`` ranks on each node, as in :func:`spawn`."""
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
-    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts, start)
+    return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts, start, nodes)
 
 
 def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
@@ -83,7 +91,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
     return engine.execute(plan, make_view(view, plan.world_size, names), collect_returns=False)
 
 
-def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto"):
+def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, start="auto", nodes=None):
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
     config.check_function(fn)
@@ -91,19 +99,24 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, 
     nprocs = config.check_positive_int("nprocs", nprocs)
     timeout = config.check_timeout(timeout)
     view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
+    nodes = config.check_nodes(nodes)
+    nnodes = 1 if nodes is None else nodes.n
     config.check_backend(backend, nprocs, config.cuda_device_count() if backend == "nccl" else 0)
     config.check_device_mode()
     captured = capture.capture(fn, args)  # raises CaptureError before any process starts
     check_torch()
     args = capture.compact(args)  # a small view of a large tensor travels as its own elements
     run_dir = engine.new_run_dir(captured.entry)
-    path = write_script(run_dir, captured, args, nprocs, style, backend)
+    path = write_script(run_dir, captured, args, nprocs * nnodes, style, backend)
     origins.save(path, getattr(fn, "func", fn).__globals__)  # worker tracebacks name the notebook cell
     plan = engine.Plan(run_dir=run_dir, target=path, nproc=nprocs, timeout=timeout,
                        max_restarts=max_restarts, script=path, start=start)
+    if nodes is not None:  # each node's agent meets the others at node 0, on a port only these nodes have
+        plan = replace(plan, nnodes=nnodes, rdzv_endpoint=f"{nodes.hosts[0]}:{NODES_RDZV_PORT}",
+                       rdzv_id=f"distlab-{plan.run_id}", start="spawn")
     if join:
-        return engine.execute(plan, make_view(view, nprocs))
-    return PendingRun(plan, make_view(view, nprocs))
+        return engine.execute(plan, make_view(view, nprocs * nnodes), **({} if nodes is None else {"nodes": nodes}))
+    return PendingRun(plan, make_view(view, nprocs * nnodes), nodes)
 
 
 def write_script(run_dir: Path, captured, args: tuple, nprocs: int, style: str, backend: str) -> Path:
@@ -130,8 +143,8 @@ class PendingRun:
     going and joinable again. ``cancel()`` stops it.
     """
 
-    def __init__(self, plan: engine.Plan, view):
-        self.plan = plan
+    def __init__(self, plan: engine.Plan, view, nodes=None):
+        self.plan, self.nodes = plan, nodes
         self._done = threading.Event()  # not Thread.join: a Ctrl-C inside it can corrupt the thread's state
         self._result = self._error = None
         self._thread = threading.Thread(target=self._run, args=(view,), daemon=True,
@@ -140,7 +153,8 @@ class PendingRun:
 
     def _run(self, view) -> None:
         try:
-            self._result = engine.execute(self.plan, view)
+            across = {} if self.nodes is None else {"nodes": self.nodes}
+            self._result = engine.execute(self.plan, view, **across)
         except BaseException as e:  # handed to join()
             self._error = e
         finally:

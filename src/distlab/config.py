@@ -151,6 +151,19 @@ def check_view(view):
     return view
 
 
+def check_nodes(nodes):
+    """``nodes=``: an open :class:`distlab.Nodes` (anything with ``n``, ``command`` and ``closed``), or None."""
+    if nodes is None:
+        return None
+    if not all(hasattr(nodes, name) for name in ("n", "command", "closed")):
+        raise LaunchArgumentError("nodes", nodes, f"must be a distlab.Nodes, not {type(nodes).__name__}",
+                                  "Make them with nodes = distlab.Nodes(2), then pass nodes=nodes.")
+    if nodes.closed:
+        raise LaunchArgumentError("nodes", nodes, "these nodes are closed",
+                                  "Make new ones with distlab.Nodes(...).")
+    return nodes
+
+
 def check_node_rank(node_rank, nnodes: int) -> int:
     node_rank = check_non_negative_int("node_rank", node_rank, "node_rank=0 on the first machine")
     if node_rank >= nnodes:

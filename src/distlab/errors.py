@@ -12,7 +12,7 @@ CAPTURE = (
     "distlab: cannot ship {what} to the worker processes: {problem}. {hint}"
 )
 RANK_FAILED = (
-    "distlab: rank {rank} failed first (exit code {exitcode}); the other ranks were stopped.\n"
+    "distlab: rank {rank}{where} failed first (exit code {exitcode}); the other ranks were stopped.\n"
     "{traceback}\n"
     "--- last lines rank {rank} printed ---\n{last_lines}\n"
     "Run folder (script and every rank's log): {run_dir}"
@@ -54,12 +54,14 @@ class CaptureError(DistlabError, TypeError):
 class WorkerFailedError(DistlabError, RuntimeError):
     """A rank raised or died; carries the first failing rank and its remote traceback."""
 
-    def __init__(self, rank: int, exitcode: int, traceback: str, last_lines: str, run_dir, result=None):
+    def __init__(self, rank: int, exitcode: int, traceback: str, last_lines: str, run_dir, result=None,
+                 node: int | None = None, local_rank: int | None = None):
         self.rank, self.exitcode, self.remote_traceback = rank, exitcode, traceback
-        self.result = result
+        self.result, self.node = result, node
+        where = "" if node is None else f" (node{node}, local rank {local_rank})"
         super().__init__(
             RANK_FAILED.format(
-                rank=rank, exitcode=exitcode, traceback=traceback.rstrip(),
+                rank=rank, where=where, exitcode=exitcode, traceback=traceback.rstrip(),
                 last_lines=last_lines.rstrip() or "(nothing)", run_dir=run_dir,
             )
         )
@@ -148,3 +150,11 @@ class PortInUseError(RendezvousError, OSError):
     def __init__(self, message: str):
         super().__init__(message)
         self.errno = errno.EADDRINUSE
+
+
+NODES = "distlab: cannot start nodes: {problem}. {hint}"
+NODE_COMMAND = "distlab: node {node} ({host}): `{command}` failed (exit code {code}):\n{output}\n{hint}"
+
+
+class NodesError(DistlabError, RuntimeError):
+    """Nodes (network namespaces standing in for machines) cannot start, or a step on one failed."""

@@ -110,6 +110,12 @@ class RunFolder:
     def agent_log(self) -> Path:
         return self.path / "agent.log"
 
+    @staticmethod
+    def node_file(path: Path, node: int | None) -> Path:
+        """``path`` for node ``node`` of a run across :class:`distlab.Nodes`, whose agents share
+        the folder: ``agent.json`` -> ``agent-node1.json``; ``path`` itself for ``None``."""
+        return path if node is None else path.with_name(f"{path.stem}-node{node}{path.suffix}")
+
     # logs, one folder per torchelastic attempt
     @property
     def logs(self) -> Path:

@@ -19,25 +19,28 @@ from distlab.folders.runfolder import RunFolder
 from distlab.launch import engine
 
 
-def main(run_dir: str) -> int:
+def main(run_dir: str, node: int | None = None) -> int:
+    """Run the agent of ``run_dir``'s plan; ``node``: this agent's node of a run across
+    :class:`distlab.Nodes` (its files are ``agent-plan-node<k>.json`` and so on: the folder is shared)."""
     folder = RunFolder(run_dir)
-    spec = json.loads(folder.agent_plan.read_text())
+    spec = json.loads(folder.node_file(folder.agent_plan, node).read_text())
     worker.die_with_parent(spec["kernel_pid"])
     run = json.loads(folder.run_json.read_text())
-    write_private(folder.run_json, json.dumps({**run, "parent_pid": os.getpid()}))  # the workers' parent
+    run_json = folder.node_file(folder.run_json, node)
+    write_private(run_json, json.dumps({**run, "parent_pid": os.getpid()}))  # the workers' parent
     plan = engine.Plan.from_json(spec["plan"])
-    outcome = run_agent(plan)
-    write_private(folder.agent_json, json.dumps(outcome))
+    outcome = run_agent(plan, run_json)
+    write_private(folder.node_file(folder.agent_json, node), json.dumps(outcome))
     return 0 if outcome["status"] == "ok" else 1
 
 
-def run_agent(plan: engine.Plan) -> dict:
+def run_agent(plan: engine.Plan, run_json) -> dict:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         with engine.quiet_torchelastic():
-            engine.launch_agent(plan, plan.folder.run_json)
+            engine.launch_agent(plan, run_json)
         return {"status": "ok"}
     except ChildFailedError as e:
         return {"status": "failed", "failures": {str(r): engine.failure_record(f) for r, f in e.failures.items()}}
@@ -50,4 +53,4 @@ def run_agent(plan: engine.Plan) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))

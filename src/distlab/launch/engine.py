@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -119,8 +119,9 @@ class Outcome:
     error: str | None = None  # an unexpected agent error, as text
 
 
-def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
-    """Run the plan to completion; raise a distlab error naming the rank when it fails."""
+def execute(plan: Plan, view, collect_returns: bool = True, nodes=None) -> RunResult:
+    """Run the plan to completion; raise a distlab error naming the rank when it fails.
+    ``nodes``: run it across :class:`distlab.Nodes`, one agent on each."""
     __tracebackhide__ = True  # IPython shows the learner's cell, not distlab's frames
     check_torch()
     folder = plan.folder
@@ -130,7 +131,7 @@ def execute(plan: Plan, view, collect_returns: bool = True) -> RunResult:
                             cancel=plan.cancel, never_started=never)
     start = time.perf_counter()
     tell_view(view, "begin", folder.path)  # the view may watch ranks start and return
-    outcome = run_to_the_end(plan, watcher)
+    outcome = run_to_the_end(plan, watcher, nodes)
     wall = time.perf_counter() - start
     ok = outcome.failures is None and outcome.error is None
     result = collect(folder.path, plan.script, plan.world_size, wall, returns=collect_returns and ok)
@@ -157,7 +158,7 @@ def run_config(plan: Plan) -> dict:
             "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}
 
 
-def run_to_the_end(plan: Plan, watcher: watch.Watcher) -> Outcome:
+def run_to_the_end(plan: Plan, watcher: watch.Watcher, nodes=None) -> Outcome:
     """Run the agent; whatever happens, clean up completely before the kernel's handlers return."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -166,11 +167,11 @@ def run_to_the_end(plan: Plan, watcher: watch.Watcher) -> Outcome:
     outcome = Outcome()
     watcher.start()
     try:
-        if plan.nnodes == 1:
+        if plan.nnodes == 1 and nodes is None:
             with quiet_torchelastic():
                 launch_agent(plan, plan.folder.run_json)
         else:
-            run_agent_process(plan, watcher, outcome)
+            run_agent_process(plan, watcher, outcome, nodes)
     except KeyboardInterrupt:
         outcome.interrupted = True
     except SignalException as e:
@@ -238,7 +239,7 @@ class KernelSignals:
 def failure_record(failure) -> dict:
     """The parts of torchelastic's ProcessFailure distlab reports, as JSON-able data."""
     return {"exitcode": failure.exitcode, "error_file": str(failure.error_file), "message": failure.message,
-            "timestamp": int(failure.timestamp)}
+            "timestamp": int(failure.timestamp), "local_rank": failure.local_rank}
 
 
 def tell_view(view, event: str, *args) -> None:
@@ -284,26 +285,63 @@ def _launch_agent_here(plan: Plan, run_json: Path) -> None:
     elastic_launch(config, sys.executable)(*args)
 
 
-def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome) -> None:
-    """Multi-node: torchelastic's agent in a child process (it unpickles rendezvous data)."""
+def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, nodes=None) -> None:
+    """Multi-node: torchelastic's agent in a child process (it unpickles rendezvous data); with
+    ``nodes`` (:class:`distlab.Nodes`), one agent on each node, inside its namespaces, as
+    ``torchrun`` would be started on each machine. The first agent that fails ends the wait: the
+    others' ranks would otherwise wait in a collective for a rank that is gone."""
     folder = plan.folder
-    write_private(folder.agent_plan, json.dumps({"plan": plan.to_json(), "kernel_pid": os.getpid()}))
-    with open_private(folder.agent_log, "wb") as log:
-        watcher.agent = subprocess.Popen([sys.executable, "-u", "-m", "distlab.launch.agent", str(folder.path)],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    here = [None] if nodes is None else list(range(nodes.n))
+    for node in here:
+        agent_plan = plan if node is None else replace(plan, node_rank=node)
+        write_private(folder.node_file(folder.agent_plan, node),
+                      json.dumps({"plan": agent_plan.to_json(), "kernel_pid": os.getpid()}))
+        argv = [sys.executable, "-u", "-m", "distlab.launch.agent", str(folder.path)]
+        if node is not None:
+            argv = nodes.command(node, [*argv, str(node)])
+        with open_private(folder.node_file(folder.agent_log, node), "wb") as log:
+            watcher.agents.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                                   stderr=subprocess.STDOUT))
     try:
-        code = watcher.agent.wait()
+        codes = wait_agents(watcher.agents)
     except KeyboardInterrupt:
         outcome.interrupted = True
-        return  # cleanup stops the agent, which stops its workers
-    report = json.loads(folder.agent_json.read_text()) if folder.agent_json.exists() else {}
+        return  # cleanup stops the agents, which stop their workers
+    for node, code in zip(here, codes, strict=True):
+        read_agent_report(folder, node, code, watcher, outcome)
+
+
+def wait_agents(agents: list, grace_s: float = 3.0, poll_s: float = 0.05) -> list[int | None]:
+    """Each agent's exit code, once all have ended, or ``grace_s`` after the first that failed
+    (time for the others to report their ranks' failures; None for one still running)."""
+    failed_at = None
+    while True:
+        codes = [agent.poll() for agent in agents]
+        if all(code is not None for code in codes):
+            return codes
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            return codes
+        time.sleep(poll_s)
+
+
+def read_agent_report(folder: RunFolder, node: int | None, code: int | None, watcher: watch.Watcher,
+                      outcome: Outcome) -> None:
+    """Add one agent's report (``agent.json``, plain data) to the run's outcome."""
+    path = folder.node_file(folder.agent_json, node)
+    report = json.loads(path.read_text()) if path.exists() else {}
+    where = "" if node is None else f" on node {node}"
     if report.get("status") == "failed":
-        outcome.failures = {int(r): SimpleNamespace(**f) for r, f in report["failures"].items()}
+        on_node = {} if node is None else {"node": node}  # the error names where the rank ran
+        outcome.failures = {**(outcome.failures or {}),
+                            **{int(r): SimpleNamespace(**f, **on_node) for r, f in report["failures"].items()}}
     elif report.get("status") == "interrupted":
-        outcome.interrupted = report.get("signal") == signal.SIGINT
-    elif report.get("status") != "ok" and not (watcher.timed_out or watcher.cancelled):
-        log_tail = folder.agent_log.read_text(errors="replace")[-3000:]
-        outcome.error = report.get("error") or f"the agent exited with code {code}:\n{log_tail}"
+        outcome.interrupted |= report.get("signal") == signal.SIGINT
+    elif report.get("status") != "ok" and code is not None and not (watcher.timed_out or watcher.cancelled):
+        log_tail = folder.node_file(folder.agent_log, node).read_text(errors="replace")[-3000:]
+        outcome.error = outcome.error or report.get("error") or \
+            f"the agent{where} exited with code {code}:\n{log_tail}"
 
 
 PEER_FAILURE_SIGNS = ("closed by peer", "reset by peer", "likely closed", "Broken pipe", "pair closure")
@@ -323,7 +361,9 @@ def first_failure_error(exc, run_dir: Path, result: RunResult) -> WorkerFailedEr
         tb = f"rank {rank} wrote no Python traceback: " + (
             f"it was killed by signal {signal.Signals(-code).name}" if code < 0 else f"it exited with code {code}")
     last = "\n".join(lines_before_traceback(read_logs(run_dir, rank))[-15:])
-    return WorkerFailedError(rank, code, tb, last, run_dir, result)
+    node = getattr(failure, "node", None)  # set for a run across distlab.Nodes: where its agent ran
+    return WorkerFailedError(rank, code, tb, last, run_dir, result, node=node,
+                             local_rank=getattr(failure, "local_rank", None))
 
 
 def _failure_order(item) -> tuple:

@@ -173,7 +173,7 @@ class Watcher:
         self.never_started = never_started  # what a rank's stack says when no worker started here
         self.timed_out = self.cancelled = False
         self.stacks: dict[int, str] = {}
-        self.agent = None  # the Popen of an out-of-process agent (multi-node runs)
+        self.agents: list = []  # the Popens of out-of-process agents (multi-node runs: one per node here)
         self._stop_event = threading.Event()
         self._step_lock = threading.RLock()  # a step of the thread, or finish(): one at a time
         self._offsets: dict[Path, int] = {}
@@ -209,16 +209,17 @@ class Watcher:
             self.stop_agent()
 
     def stop_agent(self) -> None:
-        """End an out-of-process agent: SIGTERM (it stops its workers), then SIGKILL. Idempotent."""
-        agent = self.agent
-        if agent is None or agent.poll() is not None:
-            return
-        agent.terminate()
-        try:
-            agent.wait(AGENT_GRACE_S)
-        except Exception:
-            agent.kill()
-            agent.wait()
+        """End the out-of-process agents: SIGTERM (each stops its workers), then SIGKILL. Idempotent."""
+        running = [agent for agent in self.agents if agent.poll() is None]
+        for agent in running:
+            agent.terminate()
+        deadline = time.monotonic() + AGENT_GRACE_S
+        for agent in running:
+            try:
+                agent.wait(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                agent.kill()
+                agent.wait()
 
     def finish(self) -> None:
         """Stop watching, then stream what is left so no line is lost. Safe to call again."""

@@ -222,19 +222,127 @@ def try_load(path) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def torchrun_command(node_rank: int, nnodes: int, nproc_per_node: int, endpoint: str,
-                     script: str = "ddp_train.py", script_args=(), rdzv_id: str = "ddp_train") -> list[str]:
+                     script: str = "ddp_train.py", script_args=(), rdzv_id: str = "ddp_train",
+                     tee: bool = False) -> list[str]:
     """argv for one node. With the c10d rendezvous the agents meet at ``endpoint`` (host:port on the
-    first node, reachable from all), agree on ranks and a store; ``--rdzv-id`` names the job."""
+    first node, reachable from all), agree on ranks and a store; ``--rdzv-id`` names the job.
+    ``tee``: ``--tee 3``, each rank's lines prefixed with ``[default<local rank>]:``."""
     return ["torchrun", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, script, *[str(a) for a in script_args]]
+            "--rdzv-id", rdzv_id, *(["--tee", "3"] if tee else []), script, *[str(a) for a in script_args]]
 
 
 def torchrun_commands(nnodes: int, nproc_per_node: int, endpoint: str, script: str = "ddp_train.py",
-                      script_args=(), rdzv_id: str = "ddp_train") -> list[str]:
+                      script_args=(), rdzv_id: str = "ddp_train", tee: bool = False) -> list[str]:
     """The shell command to type on each node (index = node rank); only ``--node-rank`` differs."""
-    return [shlex.join(torchrun_command(k, nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id))
+    return [shlex.join(torchrun_command(k, nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id, tee))
             for k in range(nnodes)]
+
+
+def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = True) -> list[str]:
+    """Run ``commands[k]`` on node ``k`` of ``nodes`` (a :class:`distlab.Nodes`), all at once, as one
+    terminal per machine would; print each line as it comes, as ``[nodeK] line``; return each
+    node's output. Raises ``RuntimeError`` naming the node whose command failed (the others are
+    stopped), or the nodes still running at ``timeout``."""
+    import contextlib
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this torchrun
+    env.setdefault("OMP_NUM_THREADS", "1")
+    lines: queue.Queue = queue.Queue()
+    procs = [nodes.popen(k, ["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, start_new_session=True) for k, command in enumerate(commands)]
+    outputs: list[list[str]] = [[] for _ in procs]
+
+    def read(k, proc):
+        for line in proc.stdout:
+            lines.put((k, line.rstrip("\n")))
+        lines.put((k, None))
+
+    for k, proc in enumerate(procs):
+        threading.Thread(target=read, args=(k, proc), daemon=True).start()
+    open_streams, deadline, first_failed = len(procs), time.monotonic() + timeout, None
+    folded = FoldedFrames(nodes.hosts)
+    try:
+        while open_streams and time.monotonic() < deadline:
+            try:
+                k, line = lines.get(timeout=0.2)
+            except queue.Empty:
+                failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
+                if failed:
+                    first_failed = failed[0]
+                    break  # one failed: the others would wait for it in the rendezvous
+                continue
+            if line is None:
+                open_streams -= 1
+                folded.flush(k)
+                continue
+            outputs[k].append(line)
+            if echo:
+                folded.show(k, line)
+    finally:
+        for proc in procs:  # all output read: they are ending; else one failed, or time ran out
+            try:
+                proc.wait(timeout=10 if open_streams == 0 else 0.5)
+            except subprocess.TimeoutExpired:  # SIGTERM first: a torchrun agent then stops its ranks
+                for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, sig)
+                    try:
+                        proc.wait(timeout=grace)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+    for k in ([first_failed] if first_failed is not None else range(len(procs))):
+        if procs[k].returncode != 0:  # the node that failed by itself, not one stopped for it
+            late = f" (stopped: still running after {timeout:g} s)" if open_streams and first_failed is None else ""
+            tail = "\n".join(outputs[k][-20:])
+            raise RuntimeError(f"node {k} ({nodes.hosts[k]}): `{commands[k]}` ended with exit code "
+                               f"{procs[k].returncode}{late}; its last lines:\n{tail}")
+    return ["\n".join(out) for out in outputs]
+
+
+class FoldedFrames:
+    """Prints nodes' lines as ``[nodeK] line``, a C++ stack trace (``frame #3: ...`` lines, which
+    torch's store prints with some warnings) folded into one line saying how many frames it had."""
+
+    FRAME = re.compile(r"^(frame #\d+: |<omitting python frames>)")
+
+    def __init__(self, hosts: list[str], out=None):
+        self.hosts, self.out, self.frames = hosts, out, {}
+
+    def show(self, k: int, line: str) -> None:
+        if self.FRAME.match(line):
+            self.frames[k] = self.frames.get(k, 0) + 1
+            return
+        self.flush(k)
+        print(f"[{self.hosts[k]}] {line}", file=self.out, flush=True)
+
+    def flush(self, k: int) -> None:
+        if self.frames.get(k):
+            print(f"[{self.hosts[k]}] ({self.frames.pop(k)} lines of C++ stack trace, in the returned output)",
+                  file=self.out, flush=True)
+
+
+_TEE_LINE = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<local>\d+)\]:Rank (?P<rank>\d+),")
+
+
+def ranks_by_local_rank(output: str) -> dict[int, int]:
+    """local rank -> global rank, read from one node's ``torchrun --tee 3`` output: torchrun puts
+    ``[default<local rank>]:`` before each line, the script prints ``Rank <global rank>, ...``."""
+    found: dict[int, int] = {}
+    for line in output.splitlines():
+        match = _TEE_LINE.match(line)
+        if match:
+            found.setdefault(int(match["local"]), int(match["rank"]))
+    return found
 
 
 SLURM_TEMPLATE = """#!/bin/bash

@@ -1,0 +1,127 @@
+"""``distlab.Nodes``: several machines on one, each a network namespace with a rate-limited link.
+
+    nodes = distlab.Nodes(2, link="1gbit")
+    nodes.run(1, "hostname; getent hosts node0")   # node1 / 10.77.0.1 node0
+    nodes.link(1, rate="100mbit")                  # change node 1's link while it runs
+    nodes.traffic()                                # bytes each node sent and received
+    nodes.close()                                  # nothing is left: namespaces, links, processes
+
+See :mod:`distlab.nodes.namespaces` for how they are held and why nothing outlives them.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import weakref
+
+from distlab.errors import NODE_COMMAND, NodesError
+from distlab.folders import private
+from distlab.nodes import namespaces, plan
+
+
+class Nodes:
+    """``n`` nodes named ``node0``...; each resolves the others' names and reaches them over its
+    own link, limited to ``link`` ("1gbit", "100mbit", ...; None: as fast as the machine goes)."""
+
+    def __init__(self, n: int = 2, link: str | None = None):
+        self.n = plan.count(n)
+        bits = plan.rate_bits(link)
+        namespaces.check_possible()
+        self._holders: list[subprocess.Popen] = []
+        self._finalizer = weakref.finalize(self, namespaces.stop, self._holders)
+        try:
+            self._start(bits)
+        except BaseException:
+            self.close()
+            raise
+        self.rates = {k: bits for k in range(self.n)}
+
+    def _start(self, bits: int | None) -> None:
+        switch, self._switch_pid = namespaces.start_switch()
+        self._holders.append(switch)
+        with tempfile.TemporaryDirectory(dir=private.private_root()) as folder:
+            hosts = os.path.join(folder, "hosts")  # bound into each node, then deleted with its folder:
+            with open(hosts, "w") as f:             # a bind mount keeps the file's contents alive
+                f.write(plan.hosts_file(self.n))
+            os.chmod(hosts, 0o644)  # (the folder stays 0700: inside the user namespace we are still its owner)
+            self.pids = []
+            for k in range(self.n):
+                proc, pid = namespaces.start_node(self._switch_pid, k, hosts)
+                self._holders.append(proc)
+                self.pids.append(pid)
+        namespaces.link_nodes(self._switch_pid, self.pids)
+        if bits is not None:
+            for k in range(self.n):
+                namespaces.shape(self._switch_pid, self.pids[k], k, bits)
+
+    @property
+    def hosts(self) -> list[str]:
+        return [plan.host(k) for k in range(self.n)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [plan.address(k) for k in range(self.n)]
+
+    def link(self, node, rate: str | None) -> None:
+        """Set node ``node``'s link to ``rate`` (both directions) now; None removes the limit."""
+        k = plan.node_index(node, self.n)
+        bits = plan.rate_bits(rate)
+        self._check_open()
+        namespaces.shape(self._switch_pid, self.pids[k], k, bits)
+        self.rates[k] = bits
+
+    def traffic(self) -> dict[int, dict[str, int]]:
+        """node -> bytes and packets it sent and received on its link so far (the kernel's counters)."""
+        self._check_open()
+        return plan.traffic(namespaces.link_stats(self._switch_pid), self.n)
+
+    def command(self, node, argv: list[str]) -> list[str]:
+        """``argv`` prefixed so that it runs on node ``node`` (its network, host name and hosts file)."""
+        k = plan.node_index(node, self.n)
+        self._check_open()
+        return [*namespaces.enter(self.pids[k], uts_and_mounts=True), *argv]
+
+    def run(self, node, command: str, *, check: bool = True, timeout: float | None = None,
+            capture: bool = True) -> subprocess.CompletedProcess:
+        """Run shell ``command`` on node ``node``, as a learner would type it on that machine;
+        raise :class:`~distlab.errors.NodesError` naming the node when it fails (``check``)."""
+        argv = self.command(node, ["sh", "-c", command])
+        done = subprocess.run(argv, capture_output=capture, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            k = plan.node_index(node, self.n)
+            raise NodesError(NODE_COMMAND.format(node=k, host=plan.host(k), command=command, code=done.returncode,
+                                                 output=((done.stdout or "") + (done.stderr or "")).strip()[-2000:],
+                                                 hint="Fix the command (run it with check=False to read its output)."))
+        return done
+
+    def popen(self, node, argv: list[str], **kwargs) -> subprocess.Popen:
+        """Start ``argv`` on node ``node`` and return at once (a server, a long run)."""
+        return subprocess.Popen(self.command(node, argv), **kwargs)
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise NodesError("distlab: these nodes are closed; make new ones with distlab.Nodes(...).")
+
+    def close(self) -> None:
+        """End every node: their processes, namespaces, links and mounts go with their holders."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> Nodes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ", ".join(
+            f"{plan.host(k)} {plan.address(k)} {self._rate_text(k)}" for k in range(self.n))
+        return f"Nodes({self.n}: {state})"
+
+    def _rate_text(self, k: int) -> str:
+        bits = self.rates.get(k)
+        return "unlimited" if bits is None else f"{bits / 1e6:g} Mbit/s"

@@ -1,0 +1,173 @@
+"""distlab.Nodes with real namespaces: names, addresses, links, counters, privacy, nothing left."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from second_user import as_other, other_python, other_user, readable_src, shared_tmp  # noqa: F401  (fixtures)
+
+from distlab.errors import LaunchArgumentError, NodesError
+from distlab.folders import private
+from distlab.nodes import namespaces
+from distlab.nodes.cluster import Nodes
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+
+
+def holders(nodes: Nodes) -> list[int]:
+    return [nodes._switch_pid, *nodes.pids]
+
+
+def gone(pids, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    with Nodes(2) as made:
+        yield made
+
+
+def test_each_node_has_its_name_and_address_and_resolves_the_others(nodes):
+    for k in (0, 1):
+        out = nodes.run(k, "hostname; getent hosts node0 node1; ip -4 -o addr show eth0").stdout.split("\n")
+        assert out[0] == f"node{k}"
+        assert "10.77.0.1" in out[1] and "node0" in out[1] and "10.77.0.2" in out[2] and "node1" in out[2]
+        assert f"inet 10.77.0.{k + 1}/24" in out[3]
+    assert nodes.hosts == ["node0", "node1"] and nodes.addresses == ["10.77.0.1", "10.77.0.2"]
+    assert socket.gethostname() not in ("node0", "node1")  # the host keeps its own name
+
+
+def test_nodes_talk_over_their_links_and_the_kernel_counts_it(nodes):
+    before = nodes.traffic()
+    server = nodes.popen(1, [sys.executable, "-c", textwrap.dedent("""
+        import socket
+        s = socket.socket(); s.bind(("0.0.0.0", 29601)); s.listen(1); print("ready", flush=True)
+        c, addr = s.accept(); data = b""
+        while chunk := c.recv(65536): data += chunk
+        print(addr[0], len(data), flush=True)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        send = "import socket; socket.create_connection(('node1', 29601)).sendall(b'x' * 300000)"
+        nodes.run(0, f'{sys.executable} -c "{send}"')
+        assert server.stdout.readline().split() == ["10.77.0.1", "300000"]
+    finally:
+        server.kill()
+        server.wait()
+    after = nodes.traffic()
+    assert after[0]["sent_bytes"] - before[0]["sent_bytes"] >= 300000
+    assert after[1]["received_bytes"] - before[1]["received_bytes"] >= 300000
+    assert after[1]["sent_bytes"] - before[1]["sent_bytes"] < 100000  # acks only
+
+
+def test_a_link_rate_is_set_and_changed_while_nodes_run(nodes):
+    nodes.link(1, rate="100mbit")
+    try:
+        assert "rate 100Mbit" in nodes.run(1, "tc qdisc show dev eth0").stdout
+        assert nodes.rates[1] == 10**8 and "100 Mbit/s" in repr(nodes)
+    finally:
+        nodes.link("node1", None)
+    assert "tbf" not in nodes.run(1, "tc qdisc show dev eth0").stdout
+    with pytest.raises(LaunchArgumentError, match="rate="):
+        nodes.link(1, rate="fast")
+    with pytest.raises(LaunchArgumentError, match="there are nodes 0 to 1"):
+        nodes.link(2, rate="1gbit")
+
+
+def test_a_failing_command_names_its_node(nodes):
+    with pytest.raises(NodesError, match=r"node 1 \(node1\): `echo oops; exit 3` failed \(exit code 3\):\noops"):
+        nodes.run(1, "echo oops; exit 3")
+    assert nodes.run(1, "exit 3", check=False).returncode == 3
+
+
+def test_a_nodes_port_is_not_on_the_host(nodes):
+    server = nodes.popen(0, [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                             "s.bind(('0.0.0.0', 29602)); s.listen(1); print('ready', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", 29602), timeout=5)
+        assert "10.77.0." not in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_another_user_cannot_enter_the_nodes(nodes, other_user):  # noqa: F811
+    entered = as_other(f"nsenter -t {nodes.pids[0]} -n -U ip addr")
+    assert entered.returncode != 0 and "10.77.0." not in entered.stdout
+
+
+def test_close_leaves_no_process_and_no_file():
+    root_before = set(os.listdir(private.private_root()))
+    nodes = Nodes(3, link="1gbit")
+    pids = holders(nodes)
+    assert set(os.listdir(private.private_root())) == root_before  # the hosts file is gone once bound
+    nodes.close()
+    assert gone(pids, within=5)
+    assert nodes.closed and repr(nodes) == "Nodes(3: closed)"
+    with pytest.raises(NodesError, match="closed"):
+        nodes.run(0, "true")
+    nodes.close()  # twice is fine
+
+
+def test_a_killed_kernel_leaves_no_node():
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from distlab.nodes.cluster import Nodes
+        nodes = Nodes(2)
+        print(nodes._switch_pid, *nodes.pids, flush=True)
+        time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        assert len(pids) == 3 and not gone(pids, within=0.2)
+        kernel.send_signal(signal.SIGKILL)
+        assert gone(pids, within=10), "a node outlived the process that made it"
+    finally:
+        kernel.kill()
+        kernel.wait()
+
+
+def test_bad_arguments_start_nothing(monkeypatch):
+    def no(*args):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(namespaces, "start_switch", no)
+    monkeypatch.setattr(namespaces, "check_possible", no)
+    for args in ((0,), (2, "fast"), (2, "-1gbit"), (65,)):
+        with pytest.raises(LaunchArgumentError):
+            Nodes(*args)
+
+
+def test_an_ordinary_user_gets_nodes_too(other_user, readable_src, shared_tmp):  # noqa: F811
+    probe = (  # distlab's nodes with a system Python (no torch needed), as an unprivileged user
+        "import sys, types\n"
+        f"pkg = types.ModuleType('distlab'); pkg.__path__ = [{str(readable_src / 'distlab')!r}]; "
+        "sys.modules['distlab'] = pkg\n"
+        "from distlab.nodes.cluster import Nodes\n"
+        "n = Nodes(2, link='100mbit')\n"
+        "print(n.run(1, 'id -u; hostname; getent hosts node0').stdout, end='')\n"
+        "print('RATE', 'rate 100Mbit' in n.run(0, 'tc qdisc show dev eth0').stdout)\n"
+        "pids = [n._switch_pid, *n.pids]\n"
+        "n.close()\n"
+        "print('PIDS', *pids)\n"
+    )
+    made = as_other(f"{other_python()} -c \"$PROBE\"", env={"PROBE": probe, "TMPDIR": shared_tmp})
+    assert made.returncode == 0, made.stderr
+    lines = made.stdout.split("\n")
+    assert lines[0] == "0" and lines[1] == "node1" and "10.77.0.1" in lines[2]  # root only inside its namespace
+    assert lines[3] == "RATE True"
+    assert gone([int(p) for p in lines[4].split()[1:]])

@@ -1,0 +1,67 @@
+"""distlab.nodes.plan and the refusals of distlab.nodes.namespaces: no processes needed."""
+import json
+
+import pytest
+
+from distlab.errors import LaunchArgumentError
+from distlab.nodes import namespaces, plan
+
+
+@pytest.mark.parametrize("rate, bits", [("1gbit", 10**9), ("100mbit", 10**8), ("2.5Gbit", 25 * 10**8),
+                                        (" 64 kbit ", 64000), (None, None)])
+def test_rates_read_as_tc_writes_them(rate, bits):
+    assert plan.rate_bits(rate) == bits
+
+
+@pytest.mark.parametrize("rate", ["fast", "0", "0mbit", "-1gbit", "1gb", "1 gigabit", 10**9, "", "1kbit"])
+def test_a_wrong_rate_is_refused_with_the_forms_that_work(rate):
+    with pytest.raises(LaunchArgumentError, match="rate=") as caught:
+        plan.rate_bits(rate)
+    assert "'100mbit'" in str(caught.value)
+
+
+@pytest.mark.parametrize("n", [0, -1, plan.MAX_NODES + 1, True, "2", 2.0])
+def test_a_wrong_number_of_nodes_is_refused(n):
+    with pytest.raises(LaunchArgumentError, match="n="):
+        plan.count(n)
+
+
+def test_node_index_takes_an_index_or_a_host_name():
+    assert plan.node_index(1, 2) == 1 and plan.node_index("node1", 2) == 1
+    for bad in (2, -1, "node2", "node", True, 1.0):
+        with pytest.raises(LaunchArgumentError, match="there are nodes 0 to 1"):
+            plan.node_index(bad, 2)
+
+
+def test_the_bucket_covers_two_ticks_at_its_rate():
+    assert plan.burst_bytes(10**9) == 10**9 // 8 * 8 // 1000  # 1 MB at 1 gbit
+    assert plan.burst_bytes(10**6) == plan.MIN_BURST  # never below a few packets
+    assert plan.shape_command("eth0", 10**8)[:6] == ["qdisc", "replace", "dev", "eth0", "root", "tbf"]
+    assert plan.shape_command("eth0", None) == ["qdisc", "del", "dev", "eth0", "root"]
+
+
+def test_every_node_names_every_node():
+    hosts = plan.hosts_file(3)
+    assert "10.77.0.1\tnode0" in hosts and "10.77.0.3\tnode2" in hosts and "localhost" in hosts
+    assert [plan.address(k) for k in range(2)] == ["10.77.0.1", "10.77.0.2"]
+
+
+def test_traffic_reads_the_switch_ports_the_other_way_round():
+    ports = [{"ifname": "br0", "stats64": {"rx": {"bytes": 1, "packets": 1}, "tx": {"bytes": 1, "packets": 1}}},
+             {"ifname": "n0", "stats64": {"rx": {"bytes": 500, "packets": 5}, "tx": {"bytes": 70, "packets": 1}}},
+             {"ifname": "lo"}]
+    assert plan.traffic(json.dumps(ports), 2) == {
+        0: {"sent_bytes": 500, "received_bytes": 70, "sent_packets": 5, "received_packets": 1}}
+
+
+def test_the_refusal_names_the_setting_that_refuses():
+    apparmor = {"/proc/sys/kernel/apparmor_restrict_unprivileged_userns": "1"}
+
+    def read(path):
+        if path not in apparmor:
+            raise OSError(path)
+        return apparmor[path]
+
+    assert "apparmor_restrict_unprivileged_userns=0" in namespaces.refusal_cause(read)
+    assert "CAP_SYS_ADMIN" in namespaces.refusal_cause(lambda p: "5")
+    assert namespaces.missing_tools(lambda tool: None if tool == "tc" else "/bin/" + tool) == ["tc"]

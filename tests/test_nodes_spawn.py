@@ -1,0 +1,85 @@
+"""distlab.spawn across distlab.Nodes: one agent per node, a c10d rendezvous at node0, real links."""
+import os
+import socket
+import time
+
+import psutil
+import pytest
+
+import distlab
+from distlab.errors import LaunchArgumentError, WorkerFailedError
+
+pytestmark = pytest.mark.slow
+
+
+def placed(rank):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return {"host": socket.gethostname(), "local": int(os.environ["LOCAL_RANK"]),
+            "world": int(os.environ["WORLD_SIZE"]), "sum": t.item(), "master": os.environ["MASTER_ADDR"]}
+
+
+def broken_on_the_last(rank):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if rank == dist.get_world_size() - 1:
+        raise ValueError("rank on the second node broke")
+    dist.all_reduce(torch.ones(1))  # the others wait for it here
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    with distlab.Nodes(2) as made:
+        yield made
+
+
+def our_ranks(run_id_part: str) -> list[int]:
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "distlab.launch.rank" in " ".join(p.cmdline()) and run_id_part in " ".join(p.cmdline()):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_ranks_run_on_their_nodes_and_meet_over_the_links(nodes):
+    before = nodes.traffic()
+    res = distlab.spawn(placed, nprocs=2, nodes=nodes, view=None, timeout=180)
+    assert [res.returns[r]["host"] for r in range(4)] == ["node0", "node0", "node1", "node1"]
+    assert [res.returns[r]["local"] for r in range(4)] == [0, 1, 0, 1]  # RANK vs LOCAL_RANK
+    assert {res.returns[r]["world"] for r in range(4)} == {4}
+    assert {res.returns[r]["sum"] for r in range(4)} == {10.0}  # 1 + 2 + 3 + 4, across both nodes
+    assert {res.returns[r]["master"] for r in range(4)} == {"node0"}
+    after = nodes.traffic()
+    assert after[1]["sent_bytes"] > before[1]["sent_bytes"]  # node1's ranks talked over its link
+
+
+def test_a_rank_that_fails_on_a_node_is_named_with_its_node_and_the_others_stop(nodes):
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as caught:
+        distlab.spawn(broken_on_the_last, nprocs=1, nodes=nodes, view=None, timeout=180)
+    message = str(caught.value)
+    assert "rank 1 (node1, local rank 0) failed first" in message, message
+    assert "rank on the second node broke" in message
+    assert caught.value.node == 1
+    assert time.monotonic() - start < 120
+    assert our_ranks("broken_on_the_last") == []
+
+
+def test_closed_or_wrong_nodes_are_refused_before_anything_starts():
+    closed = distlab.Nodes(1)
+    closed.close()
+    with pytest.raises(LaunchArgumentError, match="nodes=.*closed"):
+        distlab.spawn(placed, nprocs=1, nodes=closed)
+    with pytest.raises(LaunchArgumentError, match="must be a distlab.Nodes"):
+        distlab.spawn(placed, nprocs=1, nodes=2)
