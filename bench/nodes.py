@@ -9,6 +9,9 @@ Rows (each median of --repeats):
     gloo all-reduce MB at RATE   gloo's all-reduce of MB between a rank on each node: the link's bound
                                  (2 (n-1)/n x MB over RATE) / the time it took (goal >= 0.9)
     tcp unshaped                 the same TCP transfer with no limit (what the machine itself gives)
+    spawn 2 nodes x 1 / 1 x 2    a trivial distlab.spawn on 2 nodes with 1 rank each, against 2 ranks on one
+                                 node started the same way (fresh interpreters, start="spawn") (goal <= 2)
+    spawn 8 nodes x 1 (s)        the same trivial spawn on 8 nodes of this machine: that it runs, and how long
 
 Last line: ``ratio: X`` = gloo all-reduce fidelity (1.0: the link's bound exactly).
 """
@@ -87,6 +90,27 @@ def allreduce_s(nodes: Nodes, mb: int) -> float:
     return float(out.strip().splitlines()[-1])
 
 
+def trivial(rank):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def spawn_s(nprocs: int, nodes=None) -> float:
+    import distlab
+
+    start = time.perf_counter()
+    res = distlab.spawn(trivial, nprocs=nprocs, nodes=nodes, start="spawn", view=None, timeout=600)
+    took = time.perf_counter() - start
+    assert set(res.returns.values()) == {float(nprocs * (1 if nodes is None else nodes.n))}
+    return took
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -107,6 +131,10 @@ def main() -> None:
         nodes.link(1, None)
         nodes.link(0, None)
         rows["tcp unshaped (Gbit/s)"] = tcp_rate(nodes, 2 * 10**9 // 8) / 1e9
+        pairs = [(spawn_s(1, nodes), spawn_s(2)) for _ in range(args.repeats)]
+        rows["spawn 2 nodes x 1 rank / 1 node x 2 ranks"] = statistics.median(a / b for a, b in pairs)
+    with Nodes(8) as eight:
+        rows["spawn 8 nodes x 1 rank (s)"] = spawn_s(1, eight)
     for name, value in rows.items():
         print(f"{name:55s} {value:8.3f}")
     print(f"ratio: {gloo:.3f}")
