@@ -171,3 +171,16 @@ def test_an_ordinary_user_gets_nodes_too(other_user, readable_src, shared_tmp): 
     assert lines[0] == "0" and lines[1] == "node1" and "10.77.0.1" in lines[2]  # root only inside its namespace
     assert lines[3] == "RATE True"
     assert gone([int(p) for p in lines[4].split()[1:]])
+
+
+def test_kill_processes_ends_whatever_runs_on_a_node_and_keeps_the_node(nodes):
+    sleepers = [nodes.popen(1, ["sleep", "60"]) for _ in range(2)]
+    elsewhere = nodes.popen(0, ["sleep", "60"])
+    try:
+        killed = nodes.kill_processes(1)
+        assert {p.pid for p in sleepers} <= set(killed) and elsewhere.pid not in killed
+        assert [p.wait(timeout=10) for p in sleepers] == [-9, -9] and elsewhere.poll() is None
+        assert nodes.run(1, "hostname").stdout.strip() == "node1"  # the node itself is still there
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()

@@ -122,3 +122,28 @@ def test_a_cpp_stack_trace_from_a_node_is_folded_into_one_line(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "[node1] warning: store closed", "[node0] Rank 0, done",
         "[node1] (4 lines of C++ stack trace, in the returned output)"]
+
+
+@pytest.mark.slow
+def test_a_lost_machine_is_survived_by_an_elastic_restart_on_the_node_left(tmp_path):
+    """Chapter 9's lost machine: node1's processes die mid-run; node0's rank sees its peer go at once,
+    its agent (--nnodes 1:2 --max-restarts 1) meets again alone and resumes from the checkpoint."""
+    import distlab
+
+    script = T.write_ddp_train(tmp_path)
+    ckpt = tmp_path / "lost.pt"
+    commands = T.torchrun_commands("1:2", 1, "node0:29400", script=str(script), rdzv_id="lost", tee=True,
+                                   max_restarts=1, rdzv_conf=T.QUICK_ELASTIC,
+                                   script_args=["--size", 2048, "--batch-size", BATCH, "--epochs", 6,
+                                                "--log-every", 16, "--checkpoint", ckpt])
+    with distlab.Nodes(2) as nodes:
+        run = T.OnNodes(nodes, commands, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, echo=False)
+        run.wait_for(r"Rank 1, Epoch 2, Batch 0", node=1)
+        lost_at = run.lose(1)
+        saw_at = run.wait_for(T.PEER_LOST.format(address=r"10\.77\.0\.2"), node=0)
+        outputs = run.wait(timeout=180)
+    assert saw_at - lost_at < 5
+    resumed = [line for t, k, line in run.lines if k == 0 and t > saw_at and "Epoch" in line]
+    assert resumed and all(line.startswith("[default0]:Rank 0, ") for line in resumed)  # one rank left: rank 0
+    assert "parameter checksum" in outputs[0]
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 6

@@ -99,6 +99,13 @@ class Nodes:
         """Start ``argv`` on node ``node`` and return at once (a server, a long run)."""
         return subprocess.Popen(self.command(node, argv), **kwargs)
 
+    def kill_processes(self, node) -> list[int]:
+        """Kill every process running on node ``node`` now, as when that machine's processes die
+        (a crash, the OOM killer); the node, its address and its link stay. Their pids."""
+        k = plan.node_index(node, self.n)
+        self._check_open()
+        return namespaces.kill_inside(self.pids[k])
+
     def _check_open(self) -> None:
         if not self._finalizer.alive:
             raise NodesError("distlab: these nodes are closed; make new ones with distlab.Nodes(...).")

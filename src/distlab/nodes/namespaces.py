@@ -139,6 +139,29 @@ def link_stats(switch_pid: int) -> str:
                           text=True, check=True).stdout
 
 
+def kill_inside(holder_pid: int) -> list[int]:
+    """SIGKILL every process in holder ``holder_pid``'s network namespace except the holder and the
+    ``unshare`` that made it (which keep the namespace); their pids."""
+    import signal
+
+    try:
+        net = os.readlink(f"/proc/{holder_pid}/ns/net")
+        keep = {holder_pid, int(Path(f"/proc/{holder_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])}
+    except OSError:
+        return []
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in keep:
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/net") == net:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+        except OSError:  # gone, or not ours to look at
+            continue
+    return killed
+
+
 def stop(procs: list[subprocess.Popen], timeout: float = 5.0) -> None:
     """End holders: close their input (they exit at end of file), kill any that lingers."""
     for proc in procs:

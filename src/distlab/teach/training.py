@@ -221,22 +221,38 @@ def try_load(path) -> str:
 # Beyond one machine
 # ---------------------------------------------------------------------------------------------
 
-def torchrun_command(node_rank: int, nnodes: int, nproc_per_node: int, endpoint: str,
+def torchrun_command(node_rank: int, nnodes, nproc_per_node: int, endpoint: str,
                      script: str = "ddp_train.py", script_args=(), rdzv_id: str = "ddp_train",
-                     tee: bool = False) -> list[str]:
+                     tee: bool = False, max_restarts: int = 0, rdzv_conf: str = "") -> list[str]:
     """argv for one node. With the c10d rendezvous the agents meet at ``endpoint`` (host:port on the
     first node, reachable from all), agree on ranks and a store; ``--rdzv-id`` names the job.
+    ``nnodes``: a number, or ``"MIN:MAX"`` (elastic: the job goes on with as few as MIN nodes).
     ``tee``: ``--tee 3``, each rank's lines prefixed with ``[default<local rank>]:``."""
+    extra = [*(["--max-restarts", str(max_restarts)] if max_restarts else []),
+             *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []), *(["--tee", "3"] if tee else [])]
     return ["torchrun", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
             "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, *(["--tee", "3"] if tee else []), script, *[str(a) for a in script_args]]
+            "--rdzv-id", rdzv_id, *extra, script, *[str(a) for a in script_args]]
 
 
-def torchrun_commands(nnodes: int, nproc_per_node: int, endpoint: str, script: str = "ddp_train.py",
-                      script_args=(), rdzv_id: str = "ddp_train", tee: bool = False) -> list[str]:
-    """The shell command to type on each node (index = node rank); only ``--node-rank`` differs."""
-    return [shlex.join(torchrun_command(k, nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id, tee))
-            for k in range(nnodes)]
+def torchrun_commands(nnodes, nproc_per_node: int, endpoint: str, script: str = "ddp_train.py",
+                      script_args=(), rdzv_id: str = "ddp_train", tee: bool = False, max_restarts: int = 0,
+                      rdzv_conf: str = "", machines: int | None = None) -> list[str]:
+    """The shell command to type on each node (index = node rank); only ``--node-rank`` differs.
+    ``machines``: how many to write (default ``nnodes``, or MAX of ``"MIN:MAX"``)."""
+    count = machines or int(str(nnodes).split(":")[-1])
+    return [shlex.join(torchrun_command(k, nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id, tee,
+                                        max_restarts, rdzv_conf))
+            for k in range(count)]
+
+
+#: torchrun's c10d settings for a lesson on a lost machine: a node that misses 3 keep-alives 1 s apart
+#: is dead (default: 5 s apart), and a round with fewer than the most nodes closes 1 s after it could
+#: (default 30 s): the job goes on without the lost node within seconds.
+QUICK_ELASTIC = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
+#: What gloo says when a peer's process is gone (its kernel closed or reset the connection):
+#: ``Connection closed by peer [ADDR]:PORT`` or ``Read error [ADDR]:PORT: Connection reset by peer``.
+PEER_LOST = r"(closed by peer \[{address}\]|\[{address}\]:\d+: Connection reset by peer)"
 
 
 def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = True) -> list[str]:
@@ -244,54 +260,121 @@ def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = 
     terminal per machine would; print each line as it comes, as ``[nodeK] line``; return each
     node's output. Raises ``RuntimeError`` naming the node whose command failed (the others are
     stopped), or the nodes still running at ``timeout``."""
-    import contextlib
-    import os
-    import queue
-    import signal
-    import subprocess
-    import sys
-    import threading
-    import time
+    return OnNodes(nodes, commands, echo=echo).wait(timeout)
 
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this torchrun
-    env.setdefault("OMP_NUM_THREADS", "1")
-    lines: queue.Queue = queue.Queue()
-    procs = [nodes.popen(k, ["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=env, start_new_session=True) for k, command in enumerate(commands)]
-    outputs: list[list[str]] = [[] for _ in procs]
 
-    def read(k, proc):
+class OnNodes:
+    """Commands running on nodes, one each, started at once; their lines as they come.
+
+    ``lines`` holds ``(seconds since the start, node, line)``; :meth:`lose` kills every process of a
+    node, as when a machine's processes die, and :meth:`wait` then expects that node's command to fail."""
+
+    def __init__(self, nodes, commands: list[str], env: dict | None = None, echo: bool = True):
+        import os
+        import queue
+        import subprocess
+        import sys
+        import threading
+        import time
+
+        self.nodes, self.commands, self.echo = nodes, commands, echo
+        env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **(env or {})}
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this torchrun
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.t0 = time.monotonic()
+        self.lines: list[tuple[float, int, str]] = []
+        self.lost: set[int] = set()
+        self._queue: queue.Queue = queue.Queue()
+        self._folded = FoldedFrames(nodes.hosts)
+        self.procs = [nodes.popen(k, ["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=env, start_new_session=True) for k, command in enumerate(commands)]
+        self._open = len(self.procs)
+        for k, proc in enumerate(self.procs):
+            threading.Thread(target=self._read, args=(k, proc), daemon=True).start()
+
+    def _read(self, k, proc) -> None:
         for line in proc.stdout:
-            lines.put((k, line.rstrip("\n")))
-        lines.put((k, None))
+            self._queue.put((k, line.rstrip("\n")))
+        self._queue.put((k, None))
 
-    for k, proc in enumerate(procs):
-        threading.Thread(target=read, args=(k, proc), daemon=True).start()
-    open_streams, deadline, first_failed = len(procs), time.monotonic() + timeout, None
-    folded = FoldedFrames(nodes.hosts)
-    try:
-        while open_streams and time.monotonic() < deadline:
+    def _take(self, wait_s: float) -> bool:
+        """Move lines that arrived into ``lines`` (and print them); False once every stream ended."""
+        import queue
+        import time
+
+        try:
+            k, line = self._queue.get(timeout=wait_s)
+        except queue.Empty:
+            return self._open > 0
+        while True:
+            if line is None:
+                self._open -= 1
+                self._folded.flush(k)
+            else:
+                self.lines.append((time.monotonic() - self.t0, k, line))
+                if self.echo:
+                    self._folded.show(k, line)
             try:
-                k, line = lines.get(timeout=0.2)
+                k, line = self._queue.get_nowait()
             except queue.Empty:
-                failed = [k for k, p in enumerate(procs) if p.poll() not in (None, 0)]
+                return self._open > 0
+
+    def wait_for(self, pattern: str, node: int | None = None, timeout: float = 120) -> float:
+        """Seconds since the start at which a line matching ``pattern`` (a regular expression) came
+        from ``node`` (any node if None), waiting for it if need be."""
+        import time
+
+        deadline, seen = time.monotonic() + timeout, 0
+        while True:
+            for t, k, line in self.lines[seen:]:
+                if (node is None or k == node) and re.search(pattern, line):
+                    return t
+            seen = len(self.lines)
+            if time.monotonic() > deadline or not self._take(0.1) and seen == len(self.lines):
+                raise RuntimeError(f"no line matching {pattern!r} came from "
+                                   f"{'any node' if node is None else self.nodes.hosts[node]} within {timeout:g} s")
+
+    def lose(self, node: int) -> float:
+        """Kill every process of ``node`` now (its machine's processes die); the time it happened."""
+        import time
+
+        self.lost.add(node)
+        self.nodes.kill_processes(node)
+        return time.monotonic() - self.t0
+
+    def wait(self, timeout: float = 300) -> list[str]:
+        """Each node's output once every command ended; ``RuntimeError`` naming the node whose command
+        failed first (a lost node's is expected to), after stopping the others, or at ``timeout``."""
+        import time
+
+        deadline, first_failed = time.monotonic() + timeout, None
+        try:
+            while self._take(0.2) and time.monotonic() < deadline:
+                failed = [k for k, p in enumerate(self.procs) if p.poll() not in (None, 0) and k not in self.lost]
                 if failed:
                     first_failed = failed[0]
-                    break  # one failed: the others would wait for it in the rendezvous
-                continue
-            if line is None:
-                open_streams -= 1
-                folded.flush(k)
-                continue
-            outputs[k].append(line)
-            if echo:
-                folded.show(k, line)
-    finally:
-        for proc in procs:  # all output read: they are ending; else one failed, or time ran out
+                    break  # the others would wait for it in the rendezvous
+        finally:
+            self._stop(grace_s=10 if self._open == 0 else 0.5)
+        for k in ([first_failed] if first_failed is not None else range(len(self.procs))):
+            if self.procs[k].returncode != 0 and k not in self.lost:
+                late = f" (stopped: still running after {timeout:g} s)" if self._open and first_failed is None else ""
+                tail = "\n".join([line for _, n, line in self.lines if n == k][-20:])
+                raise RuntimeError(f"node {k} ({self.nodes.hosts[k]}): `{self.commands[k]}` ended with exit code "
+                                   f"{self.procs[k].returncode}{late}; its last lines:\n{tail}")
+        return ["\n".join(line for _, n, line in self.lines if n == k) for k in range(len(self.procs))]
+
+    def _stop(self, grace_s: float) -> None:
+        """Wait ``grace_s`` for each command, then SIGTERM (a torchrun agent stops its ranks), then SIGKILL."""
+        import contextlib
+        import os
+        import signal
+        import subprocess
+
+        for proc in self.procs:
             try:
-                proc.wait(timeout=10 if open_streams == 0 else 0.5)
-            except subprocess.TimeoutExpired:  # SIGTERM first: a torchrun agent then stops its ranks
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
                 for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, sig)
@@ -300,13 +383,6 @@ def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = 
                         break
                     except subprocess.TimeoutExpired:
                         continue
-    for k in ([first_failed] if first_failed is not None else range(len(procs))):
-        if procs[k].returncode != 0:  # the node that failed by itself, not one stopped for it
-            late = f" (stopped: still running after {timeout:g} s)" if open_streams and first_failed is None else ""
-            tail = "\n".join(outputs[k][-20:])
-            raise RuntimeError(f"node {k} ({nodes.hosts[k]}): `{commands[k]}` ended with exit code "
-                               f"{procs[k].returncode}{late}; its last lines:\n{tail}")
-    return ["\n".join(out) for out in outputs]
 
 
 class FoldedFrames:
