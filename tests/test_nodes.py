@@ -1,5 +1,6 @@
 """distlab.Nodes with real namespaces: names, addresses, links, counters, privacy, nothing left."""
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -184,3 +185,11 @@ def test_kill_processes_ends_whatever_runs_on_a_node_and_keeps_the_node(nodes):
     finally:
         elsewhere.kill()
         elsewhere.wait()
+
+
+def test_as_root_a_nodes_processes_are_who_they_are_on_the_host(nodes):
+    """No user namespace for root: a daemon on a node can switch to another user (slurmd must)."""
+    assert os.geteuid() == 0  # CI runs as root; test_an_ordinary_user_gets_nodes_too covers the other path
+    assert nodes.run(0, "cat /proc/self/uid_map").stdout.split() == ["0", "0", "4294967295"]
+    assert nodes.run(0, "runuser -u nobody -- id -u").stdout.strip() == str(pwd.getpwnam("nobody").pw_uid)
+    assert namespaces.with_user_namespace(0) is False and namespaces.with_user_namespace(1000) is True

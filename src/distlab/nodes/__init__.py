@@ -3,6 +3,7 @@
 Each node is a network namespace with its own host name, ``/etc/hosts``, address on a private
 network and link, whose rate ``tc`` limits; the links meet at a bridge in a "switch" namespace.
 Only the user's own namespaces are on that network: the host and other users cannot reach it.
+As root they are plain namespaces; as an ordinary user, inside one user namespace of the user's.
 
 * ``plan`` (any process): names, addresses, rates and what ``tc`` and ``ip`` are told; no processes.
 * ``namespaces`` (the kernel): the holder processes that keep the namespaces, and the commands

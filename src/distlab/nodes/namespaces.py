@@ -6,9 +6,11 @@ holder process (``cat``) that reads its standard input from a pipe this process 
 the pipe, or this process dying even by SIGKILL, ends the holder and with it the namespace, its
 interfaces and its mounts. That is how nodes leave nothing behind.
 
-One user namespace (``unshare --user --map-root-user``) owns everything: it works for root and
-for an ordinary user alike (where the kernel allows unprivileged user namespaces), and lets the
-switch move links into the nodes, which all belong to it. The switch namespace holds a bridge;
+As root the namespaces are plain network (and UTS and mount) namespaces, so a node's processes are
+who they are on the host (a daemon on a node can switch to another user, as ``slurmd`` must). As
+an ordinary user one user namespace (``unshare --user --map-root-user``) owns them all, where the
+kernel allows unprivileged user namespaces: inside it you are root of the nodes' network only,
+and the switch can move links into the nodes, which all belong to it. The switch namespace holds a bridge;
 each node namespace holds ``eth0``, its own host name (UTS namespace) and its own ``/etc/hosts``
 (a bind mount in its mount namespace) that names every node.
 """
@@ -39,6 +41,11 @@ SYSCTLS = {  # the settings that refuse user namespaces, and what to do about ea
 }
 
 
+def with_user_namespace(euid: int | None = None) -> bool:
+    """Whether the nodes need a user namespace of their own: for anyone but root."""
+    return (os.geteuid() if euid is None else euid) != 0
+
+
 def missing_tools(which=shutil.which) -> list[str]:
     return [tool for tool in TOOLS if which(tool) is None]
 
@@ -49,9 +56,11 @@ def check_possible() -> None:
     if missing:
         hint = "Install iproute2 and util-linux (Debian: apt-get install iproute2 util-linux)."
         raise NodesError(NODES.format(problem=f"{', '.join(missing)} not found", hint=hint))
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True, text=True)
+    user = ["--user", "--map-root-user"] if with_user_namespace() else []
+    probe = subprocess.run(["unshare", *user, "--net", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        problem = f"this machine refuses a user namespace ({probe.stderr.strip()}); {refusal_cause()}"
+        what = "a user namespace" if user else "a network namespace"
+        problem = f"this machine refuses {what} ({probe.stderr.strip()}); {refusal_cause()}"
         raise NodesError(NODES.format(problem=problem, hint="distlab never falls back to loopback and calls it nodes."))
 
 
@@ -71,7 +80,9 @@ def refusal_cause(read=lambda p: Path(p).read_text().strip()) -> str:
 def enter(pid: int, *, uts_and_mounts: bool = False) -> list[str]:
     """The command prefix that runs a program in holder ``pid``'s namespaces (net, and for a
     node also its host name and /etc/hosts), in this process's working directory."""
-    argv = ["nsenter", "-t", str(pid), "-U", "-n", "--preserve-credentials"]
+    argv = ["nsenter", "-t", str(pid), "-n"]
+    if with_user_namespace():
+        argv += ["-U", "--preserve-credentials"]
     if uts_and_mounts:
         argv += ["-u", "-m", f"--wd={os.getcwd()}"]
     return argv
@@ -92,12 +103,15 @@ def start_holder(argv: list[str]) -> tuple[subprocess.Popen, int]:
 
 def start_switch() -> tuple[subprocess.Popen, int]:
     sh = SWITCH_SH.format(bridge=plan.SWITCH_BRIDGE)
-    return start_holder(["unshare", "--user", "--map-root-user", "--net", "--kill-child", "--fork", "sh", "-c", sh])
+    user = ["--user", "--map-root-user"] if with_user_namespace() else []
+    return start_holder(["unshare", *user, "--net", "--kill-child", "--fork", "sh", "-c", sh])
 
 
 def start_node(switch_pid: int, node: int, hosts: Path) -> tuple[subprocess.Popen, int]:
-    return start_holder(["nsenter", "-t", str(switch_pid), "-U", "--preserve-credentials",
-                         "unshare", "--net", "--uts", "--mount", "--kill-child", "--fork",
+    """A node's holder; made inside the switch's user namespace when there is one (so that the
+    switch may move the node's end of its link into it)."""
+    inside = ["nsenter", "-t", str(switch_pid), "-U", "--preserve-credentials"] if with_user_namespace() else []
+    return start_holder([*inside, "unshare", "--net", "--uts", "--mount", "--kill-child", "--fork",
                          "sh", "-c", NODE_SH, "node", plan.host(node), str(hosts)])
 
 
