@@ -15,6 +15,7 @@ screenshots of every step under the test's temp folder (the path is printed; ``p
 * a notebook saved while a run is live holds no widget and what each rank had printed by then
   (within a second), reopens with a new kernel without a widget error, and once the run is over
   and saved again holds only the record;
+* a rank's own progress bar (``\\r`` on stderr) is one line per rank that moves, never a stderr box;
 * a chapter opens unmodified (JupyterLab rewrites metadata a chapter lacks, and marks it modified).
 """
 from __future__ import annotations
@@ -491,6 +492,58 @@ def test_a_run_that_outlives_its_cell_keeps_drawing_there_and_ends_with_its_reco
         assert "".join(output["data"]["text/plain"]).startswith("distlab: 2 ranks done in"), output
         nb.menu("Kernel", "Shut Down Kernel")
         assert not nb.errors, nb.errors
+    finally:
+        nb.close()
+
+
+BAR_STEPS = 12
+
+
+def bar_cells(release: Path) -> list[str]:
+    """Each rank draws a tqdm-style bar on stderr (``\\r`` redraws one line), holds half-way until
+    ``release`` exists, finishes the bar, then prints one more line."""
+    return [
+        "import os\nimport sys\nimport time\n\nimport distlab",
+        "def with_a_bar(rank):\n"
+        f"    for i in range({BAR_STEPS} + 1):\n"
+        f"        sys.stderr.write(f'\\rrank {{rank}} bar {{i}}/{BAR_STEPS}')\n"
+        "        sys.stderr.flush()\n"
+        f"        if i == {BAR_STEPS // 2}:\n"
+        + hold_until(release).replace("    ", "            ", 1).replace("\n    ", "\n            ")
+        + "        time.sleep(0.05)\n"
+        "    sys.stderr.write('\\n')\n"
+        "    print(f'rank {rank} after the bar', flush=True)\n"
+        "    return rank",
+        "res = distlab.spawn(with_a_bar, nprocs=2, timeout=300)",
+    ]
+
+
+def test_a_rank_progress_bar_is_one_line_that_moves_not_an_error_box(lab, browser, shots):
+    """#38 item 6: a rank's tqdm bar (``\\r`` on stderr) shows as one line per rank, updated in place
+    while it runs, never as a stderr box; the record keeps its final state, once."""
+    release = lab["root"] / "bar.release"
+    write_notebook(lab["root"] / "bar.ipynb", bar_cells(release))
+    nb = Notebook(browser, lab, "bar.ipynb", shots)
+    try:
+        nb.menu("Run", "Run All Cells")
+        half = f"bar {BAR_STEPS // 2}/{BAR_STEPS}"
+        nb.wait(lambda: f"rank 0 {half}" in nb.outputs(2) and f"rank 1 {half}" in nb.outputs(2),
+                "each rank's bar half-way, while the cell runs")
+        nb.shot("bar-1-half-way")
+        live = nb.outputs(2)
+        assert nb.prompt(2) == "[*]:", "the cell ended before the ranks were released"
+        for rank in (0, 1):
+            assert len(re.findall(rf"rank {rank} bar \d+/{BAR_STEPS}", live)) == 1, live  # one line, in place
+        assert nb.cell(2).locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+        release.touch()
+        nb.wait(lambda: "2 ranks done in" in nb.outputs(2), "the record")
+        nb.shot("bar-2-done")
+        done = nb.outputs(2)
+        for rank in (0, 1):
+            assert len(re.findall(rf"rank {rank} bar \d+/{BAR_STEPS}", done)) == 1, done
+            assert f"rank {rank} bar {BAR_STEPS}/{BAR_STEPS}" in done and f"rank {rank} after the bar" in done
+        assert nb.cell(2).locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+        nb.menu("Kernel", "Shut Down Kernel")
     finally:
         nb.close()
 
