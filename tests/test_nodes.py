@@ -193,3 +193,27 @@ def test_as_root_a_nodes_processes_are_who_they_are_on_the_host(nodes):
     assert nodes.run(0, "cat /proc/self/uid_map").stdout.split() == ["0", "0", "4294967295"]
     assert nodes.run(0, "runuser -u nobody -- id -u").stdout.strip() == str(pwd.getpwnam("nobody").pw_uid)
     assert namespaces.with_user_namespace(0) is False and namespaces.with_user_namespace(1000) is True
+
+
+def test_what_runs_on_a_node_goes_with_the_nodes_also_when_the_kernel_is_killed():
+    """A process a cell left on a node would keep its namespace alive; the holders end it."""
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import time
+        from distlab.nodes.cluster import Nodes
+        nodes = Nodes(2)
+        left = nodes.popen(1, ["sleep", "120"])
+        print(left.pid, nodes.pids[1], flush=True)
+        time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        assert not gone(pids, within=0.2)
+        kernel.send_signal(signal.SIGKILL)
+        assert gone(pids, within=10), "a process on a node outlived the kernel that made the nodes"
+    finally:
+        kernel.kill()
+        kernel.wait()
+    with Nodes(1) as nodes:
+        left = nodes.popen(0, ["sleep", "120"])
+        pids = [left.pid, *nodes.pids]
+    assert left.wait(timeout=10) == -9 and gone(pids)

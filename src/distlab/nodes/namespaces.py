@@ -25,7 +25,12 @@ from distlab.errors import NODE_COMMAND, NODES, NodesError
 from distlab.nodes import plan
 
 TOOLS = ("unshare", "nsenter", "ip", "tc", "mount", "hostname", "cat")
-HOLD = "echo $$ && exec cat >/dev/null"  # say the holder's pid, then keep the namespaces until end of input
+# The holder: say its pid, keep the namespaces until its input ends (close(), or the kernel's death,
+# even by SIGKILL), then kill whatever still runs in its network namespace (a server a cell started
+# there, say), which would otherwise keep the namespace alive; only then end, and the namespace with it.
+HOLD = ('echo $$; cat >/dev/null; me=$(readlink /proc/$$/ns/net); for p in /proc/[0-9]*; do pid=${p#/proc/}; '
+        '[ "$pid" = $$ ] || [ "$pid" = $PPID ] || [ "$(readlink $p/ns/net 2>/dev/null)" != "$me" ] '
+        '|| kill -9 "$pid" 2>/dev/null; done')
 SWITCH_SH = "ip link add {bridge} type bridge && ip link set {bridge} up && ip link set lo up && " + HOLD
 NODE_SH = 'hostname "$1" && mount --bind "$2" /etc/hosts && ip link set lo up && ' + HOLD
 SYSCTLS = {  # the settings that refuse user namespaces, and what to do about each
@@ -102,7 +107,7 @@ def start_holder(argv: list[str]) -> tuple[subprocess.Popen, int]:
 
 
 def start_switch() -> tuple[subprocess.Popen, int]:
-    sh = SWITCH_SH.format(bridge=plan.SWITCH_BRIDGE)
+    sh = SWITCH_SH.replace("{bridge}", plan.SWITCH_BRIDGE)
     user = ["--user", "--map-root-user"] if with_user_namespace() else []
     return start_holder(["unshare", *user, "--net", "--kill-child", "--fork", "sh", "-c", sh])
 
