@@ -83,3 +83,31 @@ def test_closed_or_wrong_nodes_are_refused_before_anything_starts():
         distlab.spawn(placed, nprocs=1, nodes=closed)
     with pytest.raises(LaunchArgumentError, match="must be a distlab.Nodes"):
         distlab.spawn(placed, nprocs=1, nodes=2)
+
+
+def test_a_second_launch_on_the_nodes_finds_its_agents_started_and_close_ends_them():
+    """After a launch, an agent waits on each node (standby): the next launch hands it the run
+    instead of starting an interpreter that imports torch. A standby that died is replaced."""
+    import json
+    from pathlib import Path
+
+    from distlab.launch import standby
+
+    with distlab.Nodes(2) as nodes:
+        distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
+        waiting = dict(standby._WAITING[nodes])
+        assert sorted(waiting) == [0, 1]
+        res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
+        agents = [json.loads((Path(res.run_dir) / f"run-node{k}.json").read_text())["parent_pid"] for k in (0, 1)]
+        assert agents == [waiting[0].pid, waiting[1].pid]  # the standbys ran the second launch
+        assert {res.returns[r]["host"] for r in (0, 1)} == {"node0", "node1"}
+        for proc in standby._WAITING[nodes].values():  # a standby that dies is not used
+            proc.kill()
+        res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
+        assert {res.returns[r]["sum"] for r in (0, 1)} == {3.0}
+        left = [p.pid for p in standby._WAITING[nodes].values()]
+        assert len(left) == 2
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in left), "a standby agent outlived its nodes (or its zombie)"

@@ -12,6 +12,8 @@ Modules, each with the process it runs in:
 * ``compat``: the torch features the launcher relies on, checked once (kernel).
 * ``agent``: ``python -m distlab.launch.agent RUN_DIR``: torchelastic's agent of a multi-node run,
   out of the kernel (its own process).
+* ``standby``: an agent started ahead on each of :class:`distlab.Nodes`, waiting for the next
+  launch there (kernel; the standbys are ``agent`` processes).
 * ``rank``: ``python -m distlab.launch.rank RUN_JSON TARGET ARGS``: the first code of a rank started
   as a fresh interpreter (every such rank).
 

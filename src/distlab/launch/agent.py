@@ -1,4 +1,9 @@
-"""``python -m distlab.launch.agent RUN_DIR``: torchelastic's agent for a multi-node run, out of the kernel.
+"""``python -m distlab.launch.agent RUN_DIR [NODE]``: torchelastic's agent for a multi-node run, out of the kernel.
+
+``--standby``: import everything an agent needs, say ``ready``, then wait on standard input for
+``RUN_DIR NODE LOG`` (one line) and run that: a standby on each of :class:`distlab.Nodes` takes the
+agent's own start-up (an interpreter and torch, ~2 s) off the next launch (see
+:mod:`distlab.launch.standby`). Its input ending first (the kernel gone) ends it.
 
 torch's c10d rendezvous unpickles state it reads from the rendezvous store, which anyone who
 reaches ``rdzv_endpoint`` can write. So the kernel never runs that agent itself: it starts this
@@ -52,5 +57,25 @@ def run_agent(plan: engine.Plan, run_json) -> dict:
         return {"status": "error", "error": traceback.format_exc()}
 
 
+def standby() -> int:
+    """Wait, with torchelastic imported, for the run this agent is to be; then be it."""
+    import torch.distributed.elastic.multiprocessing  # noqa: F401  (what run_agent imports)
+    import torch.distributed.elastic.multiprocessing.errors  # noqa: F401
+    import torch.distributed.launcher.api  # noqa: F401
+
+    print("ready", flush=True)
+    request = sys.stdin.readline().split()
+    if len(request) != 3:
+        return 0  # the kernel went, or no longer needs this standby
+    run_dir, node, log = request
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return main(run_dir, int(node))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--standby"]:
+        sys.exit(standby())
     sys.exit(main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -53,7 +53,7 @@ from distlab.folders.private import open_private, write_private
 from distlab.folders.runfolder import RunFolder
 from distlab.forkserver import elastic as forklaunch
 from distlab.forkserver import mode as launchmode
-from distlab.launch import watch
+from distlab.launch import standby, watch
 from distlab.launch.compat import check_torch
 from distlab.rendezvous import loopback as rendezvous
 from distlab.results import RunResult, collect, read_logs
@@ -296,10 +296,15 @@ def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, node
         agent_plan = plan if node is None else replace(plan, node_rank=node)
         write_private(folder.node_file(folder.agent_plan, node),
                       json.dumps({"plan": agent_plan.to_json(), "kernel_pid": os.getpid()}))
+        log_path = folder.node_file(folder.agent_log, node)
+        ready = None if node is None else standby.take(nodes, node)  # started after the last launch here
+        if ready is not None and standby.hand(ready, folder.path, node, log_path):
+            watcher.agents.append(ready)
+            continue
         argv = [sys.executable, "-u", "-m", "distlab.launch.agent", str(folder.path)]
         if node is not None:
             argv = nodes.command(node, [*argv, str(node)])
-        with open_private(folder.node_file(folder.agent_log, node), "wb") as log:
+        with open_private(log_path, "wb") as log:
             watcher.agents.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                                    stderr=subprocess.STDOUT))
     try:
@@ -307,6 +312,9 @@ def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, node
     except KeyboardInterrupt:
         outcome.interrupted = True
         return  # cleanup stops the agents, which stop their workers
+    finally:
+        if nodes is not None:
+            standby.refill(nodes)  # the next launch here finds its agents started
     for node, code in zip(here, codes, strict=True):
         read_agent_report(folder, node, code, watcher, outcome)
 
