@@ -97,6 +97,8 @@ def test_a_second_launch_on_the_nodes_finds_its_agents_started_and_close_ends_th
         distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
         waiting = dict(standby._WAITING[nodes])
         assert sorted(waiting) == [0, 1]
+        from distlab.teach import failures
+        assert failures.no_workers_left()  # waiting standbys are kept on purpose, not leftovers
         res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
         agents = [json.loads((Path(res.run_dir) / f"run-node{k}.json").read_text())["parent_pid"] for k in (0, 1)]
         assert agents == [waiting[0].pid, waiting[1].pid]  # the standbys ran the second launch

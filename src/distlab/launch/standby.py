@@ -18,6 +18,12 @@ _LOCK = threading.Lock()
 _WAITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # nodes -> {node: Popen}
 
 
+def waiting_pids() -> set[int]:
+    """The standbys waiting for a launch (kept on purpose, as the forkserver's spares are)."""
+    with _LOCK:
+        return {proc.pid for waiting in _WAITING.values() for proc in waiting.values() if proc.poll() is None}
+
+
 def argv() -> list[str]:
     return [sys.executable, "-u", "-m", "distlab.launch.agent", "--standby"]
 

@@ -19,6 +19,12 @@ from distlab.errors import NODE_COMMAND, NodesError
 from distlab.folders import private
 from distlab.nodes import namespaces, plan
 
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # every Nodes not closed yet
+
+
+def open_nodes() -> list[Nodes]:
+    return list(_OPEN)
+
 
 class Nodes:
     """``n`` nodes named ``node0``...; each resolves the others' names and reaches them over its
@@ -36,6 +42,7 @@ class Nodes:
             self.close()
             raise
         self.rates = {k: bits for k in range(self.n)}
+        _OPEN.add(self)
 
     def _start(self, bits: int | None) -> None:
         switch, self._switch_pid = namespaces.start_switch()
@@ -112,7 +119,22 @@ class Nodes:
 
     def close(self) -> None:
         """End every node: their processes, namespaces, links and mounts go with their holders."""
+        _OPEN.discard(self)
         self._finalizer()
+
+    def holder_pids(self) -> set[int]:
+        """The processes that hold the namespaces (``unshare``, ``sh``, ``cat``; kept on purpose
+        until :meth:`close`), not what runs on the nodes."""
+        import psutil
+
+        pids = set()
+        for proc in self._holders:
+            try:
+                root = psutil.Process(proc.pid)
+                pids |= {root.pid, *(p.pid for p in root.children(recursive=True))}
+            except psutil.Error:
+                continue
+        return pids
 
     @property
     def closed(self) -> bool:

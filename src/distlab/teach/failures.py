@@ -25,7 +25,8 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func
 
 def worker_processes(pid: int | None = None) -> list[psutil.Process]:
     """Every process below ``pid`` (default: this kernel) that still exists, zombies included,
-    except the ones kept on purpose (the forkserver, the resource tracker, open warm ranks).
+    except the ones kept on purpose (the forkserver, the resource tracker, open warm ranks, the
+    holders of open nodes and agents waiting on them).
 
     A zombie has exited but was never reaped; it still counts, because a launcher that forgets
     to reap its children leaks them just the same.
@@ -37,8 +38,8 @@ def worker_processes(pid: int | None = None) -> list[psutil.Process]:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    warm = _warm_rank_pids()
-    return [p for p in children if not _is_multiprocessing_helper(p) and p.pid not in warm]
+    kept = _warm_rank_pids() | _standby_agent_pids() | _node_holder_pids()
+    return [p for p in children if not _is_multiprocessing_helper(p) and p.pid not in kept]
 
 
 def _warm_rank_pids() -> set[int]:
@@ -47,6 +48,23 @@ def _warm_rank_pids() -> set[int]:
     from distlab.warm import ranks
 
     return {pid for r in ranks.open_ranks() for pid in r.pids}
+
+
+def _standby_agent_pids() -> set[int]:
+    """Agents waiting on open :class:`distlab.Nodes` for their next launch (``distlab.launch.standby``):
+    kept by design until the nodes close."""
+    import sys
+
+    module = sys.modules.get("distlab.launch.standby")
+    return module.waiting_pids() if module is not None else set()
+
+
+def _node_holder_pids() -> set[int]:
+    """The processes that hold open :class:`distlab.Nodes` (what runs on a node is a worker)."""
+    import sys
+
+    module = sys.modules.get("distlab.nodes.cluster")
+    return set().union(*(nodes.holder_pids() for nodes in module.open_nodes())) if module is not None else set()
 
 
 def _is_multiprocessing_helper(p: psutil.Process) -> bool:
