@@ -1,6 +1,7 @@
 """distlab.Nodes with real namespaces: names, addresses, links, counters, privacy, nothing left."""
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
@@ -124,7 +125,15 @@ def test_close_leaves_no_process_and_no_file():
     nodes.close()  # twice is fine
 
 
+def host_network() -> tuple[list[str], str]:
+    """The names of the host's interfaces, and its named network namespaces, as ``ip`` lists them."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return sorted(re.findall(r"^\d+: ([^:@\s]+)", links, re.M)), names
+
+
 def test_a_killed_kernel_leaves_no_node():
+    network_before = host_network()
     kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
         from distlab.nodes.cluster import Nodes
@@ -135,11 +144,13 @@ def test_a_killed_kernel_leaves_no_node():
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
         assert len(pids) == 3 and not gone(pids, within=0.2)
+        assert host_network() == network_before  # nothing of the nodes is named on the host, even while they run
         kernel.send_signal(signal.SIGKILL)
         assert gone(pids, within=10), "a node outlived the process that made it"
     finally:
         kernel.kill()
         kernel.wait()
+    assert host_network() == network_before
 
 
 def test_bad_arguments_start_nothing(monkeypatch):
@@ -217,3 +228,22 @@ def test_what_runs_on_a_node_goes_with_the_nodes_also_when_the_kernel_is_killed(
         left = nodes.popen(0, ["sleep", "120"])
         pids = [left.pid, *nodes.pids]
     assert left.wait(timeout=10) == -9 and gone(pids)
+
+
+def test_two_sets_of_nodes_at_once_do_not_collide():
+    """Each set is its own network: both have a node0 at 10.77.0.1 with a server on the same port."""
+    with Nodes(2) as first, Nodes(2) as second:
+        servers = [nodes.popen(0, [sys.executable, "-c", textwrap.dedent(f"""
+            import socket
+            s = socket.socket(); s.bind(("0.0.0.0", 29603)); s.listen(1); print("ready", flush=True)
+            c, _ = s.accept(); c.sendall(b"{name}"); c.close()
+            """)], stdout=subprocess.PIPE, text=True) for nodes, name in ((first, "first"), (second, "second"))]
+        try:
+            assert [server.stdout.readline().strip() for server in servers] == ["ready", "ready"]
+            ask = "import socket; print(socket.create_connection(('node0', 29603)).recv(16).decode())"
+            assert first.run(1, f'{sys.executable} -c "{ask}"').stdout.strip() == "first"
+            assert second.run(1, f'{sys.executable} -c "{ask}"').stdout.strip() == "second"
+        finally:
+            for server in servers:
+                server.kill()
+                server.wait()
