@@ -185,10 +185,22 @@ def test_an_ordinary_user_gets_nodes_too(other_user, readable_src, shared_tmp): 
     assert gone([int(p) for p in lines[4].split()[1:]])
 
 
+def _net_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def test_kill_processes_ends_whatever_runs_on_a_node_and_keeps_the_node(nodes):
     sleepers = [nodes.popen(1, ["sleep", "60"]) for _ in range(2)]
     elsewhere = nodes.popen(0, ["sleep", "60"])
     try:
+        node1 = os.readlink(f"/proc/{nodes.pids[1]}/ns/net")
+        deadline = time.monotonic() + 10
+        while not all(_net_of(p.pid) == node1 for p in sleepers):  # nsenter has entered the node
+            assert time.monotonic() < deadline, "the commands never reached node 1"
+            time.sleep(0.01)
         killed = nodes.kill_processes(1)
         assert {p.pid for p in sleepers} <= set(killed) and elsewhere.pid not in killed
         assert [p.wait(timeout=10) for p in sleepers] == [-9, -9] and elsewhere.poll() is None
