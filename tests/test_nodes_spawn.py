@@ -113,3 +113,43 @@ def test_a_second_launch_on_the_nodes_finds_its_agents_started_and_close_ends_th
     while any(psutil.pid_exists(pid) for pid in left) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in left), "a standby agent outlived its nodes (or its zombie)"
+
+
+def stuck_on_node1(rank):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if rank == 1:
+        time.sleep(300)  # node1's rank never joins the all-reduce
+    dist.all_reduce(torch.ones(1))
+
+
+def test_a_hang_across_nodes_times_out_with_each_ranks_stack_and_stops_both_nodes(nodes):
+    from distlab.errors import WorkerTimeoutError
+
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as caught:
+        distlab.spawn(stuck_on_node1, nprocs=1, nodes=nodes, view=None, timeout=20)
+    stacks = caught.value.stacks
+    assert sorted(stacks) == [0, 1], stacks
+    assert "in all_reduce" in stacks[0], stacks[0]  # rank 0 (node0) waits in the collective
+    assert "in stuck_on_node1" in stacks[1] and "all_reduce" not in stacks[1], stacks[1]  # rank 1 never got there
+    assert time.monotonic() - start < 90
+    assert our_ranks("stuck_on_node1") == []
+
+
+def test_a_run_across_nodes_cancelled_leaves_no_rank_on_either_node(nodes):
+    from distlab.errors import RunCancelledError
+
+    run = distlab.spawn(stuck_on_node1, nprocs=1, nodes=nodes, join=False, view=None, timeout=300)
+    deadline = time.monotonic() + 60
+    while len(our_ranks("stuck_on_node1")) < 2:  # both nodes' ranks run
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.1)
+    assert run.cancel(timeout=60)
+    with pytest.raises(RunCancelledError):
+        run.join()
+    assert our_ranks("stuck_on_node1") == []
