@@ -134,16 +134,18 @@ def test_a_lost_machine_is_survived_by_an_elastic_restart_on_the_node_left(tmp_p
     ckpt = tmp_path / "lost.pt"
     commands = T.torchrun_commands("1:2", 1, "node0:29400", script=str(script), rdzv_id="lost", tee=True,
                                    max_restarts=1, rdzv_conf=T.QUICK_ELASTIC,
-                                   script_args=["--size", 2048, "--batch-size", BATCH, "--epochs", 6,
+                                   script_args=["--size", 2048, "--batch-size", BATCH, "--epochs", 30,
                                                 "--log-every", 16, "--checkpoint", ckpt])
     with distlab.Nodes(2) as nodes:
         run = T.OnNodes(nodes, commands, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, echo=False)
         run.wait_for(r"Rank 1, Epoch 2, Batch 0", node=1)
         lost_at = run.lose(1)
         saw_at = run.wait_for(T.PEER_LOST.format(address=r"10\.77\.0\.2"), node=0)
+        saved = torch.load(ckpt, weights_only=True)["epoch"]
         outputs = run.wait(timeout=180)
     assert saw_at - lost_at < 5
     resumed = [line for t, k, line in run.lines if k == 0 and t > saw_at and "Epoch" in line]
     assert resumed and all(line.startswith("[default0]:Rank 0, ") for line in resumed)  # one rank left: rank 0
     assert "parameter checksum" in outputs[0]
-    assert torch.load(ckpt, weights_only=True)["epoch"] == 6
+    assert f"Rank 0, Epoch {saved}, Batch 0" in resumed[0]  # from the last checkpoint
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 30
