@@ -66,6 +66,7 @@ class SlurmJob:
         self.history: list[tuple[float, str]] = []
         self._tail = None
         self._last: JobState | None = None
+        self._requeues = 0  # REQUEUED entries in history
 
     def __repr__(self) -> str:
         return f"SlurmJob(id={self.id}, state={self.state.describe()!r}, run_dir='{self.folder.path}')"
@@ -174,9 +175,11 @@ class SlurmJob:
         state = commands.job_state(self.id) or JobState("UNKNOWN")
         if state == JobState("UNKNOWN") and self._last is not None:
             state = JobState("GONE")  # the controller forgot it (MinJobAge): it ended
-        if state != self._last:
-            requeued = state.state == "PENDING" and self._last is not None and \
-                self._last.state in ("RUNNING", "COMPLETING")
+        started_again = len(self.folder.attempts()) - 1 > self._requeues  # a requeued attempt began
+        if state != self._last or started_again:
+            requeued = started_again or (state.state == "PENDING" and self._last is not None
+                                         and self._last.state in ("RUNNING", "COMPLETING"))
+            self._requeues += requeued
             self._last = state
             self.history.append((round(time.time() - self.meta["submitted"], 3),
                                  "REQUEUED" if requeued else state.state))
