@@ -6,6 +6,7 @@ import time
 
 import pytest
 from fake_kernel import run_cells
+from test_record import FakeShower
 
 import distlab
 from distlab.view.display import LiveView, TextView
@@ -30,17 +31,6 @@ CELLS = run_cells(
         return rank
     """,
 )
-
-
-class FakeShower:
-    def __init__(self):
-        self.shown, self.replaced = [], []
-
-    def show(self, obj, display_id):
-        self.shown.append((obj, display_id))
-
-    def replace(self, bundle, display_id):
-        self.replaced.append((bundle, display_id))
 
 
 class Both:

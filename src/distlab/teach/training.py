@@ -13,11 +13,19 @@ what is not the lesson:
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import os
+import queue
 import re
 import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -270,13 +278,6 @@ class OnNodes:
     node, as when a machine's processes die, and :meth:`wait` then expects that node's command to fail."""
 
     def __init__(self, nodes, commands: list[str], env: dict | None = None, echo: bool = True):
-        import os
-        import queue
-        import subprocess
-        import sys
-        import threading
-        import time
-
         self.nodes, self.commands, self.echo = nodes, commands, echo
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **(env or {})}
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this torchrun
@@ -299,9 +300,6 @@ class OnNodes:
 
     def _take(self, wait_s: float) -> bool:
         """Move lines that arrived into ``lines`` (and print them); False once every stream ended."""
-        import queue
-        import time
-
         try:
             k, line = self._queue.get(timeout=wait_s)
         except queue.Empty:
@@ -322,8 +320,6 @@ class OnNodes:
     def wait_for(self, pattern: str, node: int | None = None, timeout: float = 120) -> float:
         """Seconds since the start at which a line matching ``pattern`` (a regular expression) came
         from ``node`` (any node if None), waiting for it if need be."""
-        import time
-
         deadline, seen = time.monotonic() + timeout, 0
         while True:
             for t, k, line in self.lines[seen:]:
@@ -336,8 +332,6 @@ class OnNodes:
 
     def lose(self, node: int) -> float:
         """Kill every process of ``node`` now (its machine's processes die); the time it happened."""
-        import time
-
         self.lost.add(node)
         self.nodes.kill_processes(node)
         return time.monotonic() - self.t0
@@ -345,8 +339,6 @@ class OnNodes:
     def wait(self, timeout: float = 300) -> list[str]:
         """Each node's output once every command ended; ``RuntimeError`` naming the node whose command
         failed first (a lost node's is expected to), after stopping the others, or at ``timeout``."""
-        import time
-
         deadline, first_failed = time.monotonic() + timeout, None
         try:
             while self._take(0.2) and time.monotonic() < deadline:
@@ -366,11 +358,6 @@ class OnNodes:
 
     def _stop(self, grace_s: float) -> None:
         """Wait ``grace_s`` for each command, then SIGTERM (a torchrun agent stops its ranks), then SIGKILL."""
-        import contextlib
-        import os
-        import signal
-        import subprocess
-
         for proc in self.procs:
             try:
                 proc.wait(timeout=grace_s)
