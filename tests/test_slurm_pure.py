@@ -35,8 +35,13 @@ def test_torchrun_script_says_what_it_does():
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in text
     assert '--rdzv-backend c10d --rdzv-endpoint "$head_node:$port" --rdzv-id "$SLURM_JOB_ID"' in text
     assert "--nproc-per-node 2" in text and "network must be trusted" in text
-    assert "srun python -m distlab.slurm.bound torchrun \\" in lines  # its stores bound to the node's address
-    assert """s.bind((sys.argv[1], 0))""" in text and text.count('"$head_node"') == 1
+    # its stores bound to the node's address; a failing agent ends the others (not a collective's timeout)
+    assert "srun --kill-on-bad-exit=1 python -m distlab.slurm.bound torchrun \\" in lines
+    assert 'port=$(python -m distlab.slurm.bound port "$head_node")' in lines and text.count('"$head_node"') == 1
+    # --node-rank "$SLURM_NODEID" on this line would be expanded once, on the first node: 0 for every node
+    commands = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    assert "--node-rank" not in commands and "SLURM_NODEID" not in commands
+    assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in lines  # srun no longer inherits it (22.05)
     assert lines[-1] == "    -m distlab.slurm.rank /w/ddp_train.py --epochs 1"
 
 
@@ -172,6 +177,68 @@ def test_tasks_per_node_and_rank_environment():
            "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}
     assert rank.rank_environment(env) == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
     assert rank.rank_environment({**env, "RANK": "0"}) == {}
+
+
+def test_a_multi_node_tasks_script_runs_the_jobs_python():
+    """The tasks-mode srun line on several nodes named a bare ``python`` (none on the nodes' PATH)."""
+    text = spec.render(_spec(mode="tasks", nodes=2, python=Path("/usr/bin/python3.11")), Path("/j"), Path("/l"))
+    _bash_ok(text)
+    assert text.rstrip().endswith("srun --kill-on-bad-exit=1 /usr/bin/python3.11 -m distlab.slurm.rank "
+                                  "/w/ddp_train.py --epochs 1")
+
+
+def test_a_rendezvous_port_is_free_and_below_the_ephemeral_range():
+    import random
+    import socket
+
+    from distlab.slurm import bound
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    rng = random.Random(0)
+    first = random.Random(0).sample(bound.PORTS, 1)[0]
+    held = socket.socket()
+    held.bind(("127.0.0.1", first))  # the first port it tries is taken: it goes on to another
+    try:
+        port = bound.free_port("127.0.0.1", rng=rng)
+    finally:
+        held.close()
+        taken.close()
+    assert port != first and bound.PORTS.start <= port < 32768
+
+
+def test_a_cluster_on_nodes_has_a_slurmd_per_node_on_its_own_address(tmp_path):
+    text = slurmconf.config_text(tmp_path, "vm", 6817, 6818, "root", 2, 900, tmp_path / "munge.sock",
+                                 spool=tmp_path / "spool", nodes=[("node0", "10.77.0.1"), ("node1", "10.77.0.2")])
+    conf = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+                and " " not in line.split("=", 1)[0])
+    assert conf["SlurmctldHost"] == "node0(10.77.0.1)"
+    assert "NodeName=node0 NodeAddr=10.77.0.1 CPUs=2 RealMemory=900" in text
+    assert "NodeName=node1 NodeAddr=10.77.0.2 CPUs=2 RealMemory=900" in text
+    assert "PartitionName=debug Nodes=node0,node1 Default=YES" in text
+    assert conf["SlurmdSpoolDir"] == f"{tmp_path}/spool/%n"  # each slurmd its own spool, pid file and log
+    assert conf["SlurmdPidFile"].endswith("slurmd-%n.pid") and conf["SlurmdLogFile"].endswith("slurmd-%n.log")
+
+
+def test_login_shims_run_slurm_commands_on_the_login_node(tmp_path):
+    from distlab.slurm import login
+
+    bin_dir = login.write_shims(tmp_path, 4242, "node0", which=lambda name: f"/usr/bin/{name}")
+    sbatch = (bin_dir / "sbatch").read_text()
+    assert "exec nsenter -t 4242 -n -- \"$real\" \"$@\"" in sbatch and "real=/usr/bin/sbatch" in sbatch
+    assert '-S "$(id -u "$user")" -G "$(id -g "$user")"' in sbatch  # as the job user: enter, then become it
+    assert oct((bin_dir / "sinfo").stat().st_mode & 0o777) == "0o700"
+    done = subprocess.run(["sh", "-n", str(bin_dir / "sbatch")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    path = login.with_bin_first({"PATH": f"/usr/bin:{bin_dir}"}, bin_dir)
+    assert path == f"{bin_dir}:/usr/bin" and login.without_bin(path, bin_dir) == "/usr/bin"
+
+
+@pytest.mark.parametrize("nodes", ["two", 0, True, 11])
+def test_a_wrong_nodes_argument_is_refused_before_anything_starts(nodes):
+    with pytest.raises((errors.ClusterError, ValueError)) as e:
+        cluster.check_nodes_argument(nodes)
+    assert "node" in str(e.value)
 
 
 def test_cluster_config_and_missing_packages(tmp_path):

@@ -11,6 +11,7 @@ resolve it) and handed to ``TCPStore`` as ``master_listen_fd``. Clients are unch
 
 * ``python -m distlab.slurm.bound torchrun ARGS``: ``torchrun ARGS`` with the c10d backend's store bound
   to the endpoint's address, and the store the agent shares with its workers to the node's address;
+* ``python -m distlab.slurm.bound port HOST``: a free port on HOST's address for the rendezvous (:func:`free_port`);
 * ``python -m distlab.slurm.bound start RUN_JSON TARGET ARGS``: ``python -m distlab.launch.rank ...`` (a rank of a
   ``mode="tasks"`` job) with rank 0's ``env://`` store bound to MASTER_ADDR.
 
@@ -91,9 +92,31 @@ def patch_torchrun() -> None:
         handler._create_tcp_store_server = server
 
 
+#: where a rendezvous port is looked for: below Linux's ephemeral range (32768-60999 by default), from which
+#: srun and slurmstepd take the ports they listen on. A port found free in that range and released
+#: until torchrun binds it can be handed to srun in between (seen here: "Address already in use").
+PORTS = range(20000, 32000)
+
+
+def free_port(host: str, tries: int = 100, rng=None) -> int:
+    """A port free on ``host``'s address, outside the ephemeral range (see :data:`PORTS`)."""
+    import random
+
+    rng = rng or random.Random()
+    for port in rng.sample(PORTS, tries):
+        try:
+            bind_to(host, port).close()
+        except OSError:
+            continue
+        return port
+    raise SystemExit(f"distlab: no free port in {PORTS.start}-{PORTS.stop - 1} on {host} after {tries} tries")
+
+
 def main(argv: list[str]) -> None:
     what, rest = argv[0], argv[1:]
-    if what == "torchrun":
+    if what == "port":
+        print(free_port(rest[0]))
+    elif what == "torchrun":
         from torch.distributed.run import main as torchrun
 
         patch_torchrun()
@@ -107,7 +130,7 @@ def main(argv: list[str]) -> None:
 
         bootstrap(rest)
     else:
-        raise SystemExit(f"usage: python -m distlab.slurm.bound torchrun|start ARGS (not {what!r})")
+        raise SystemExit(f"usage: python -m distlab.slurm.bound port HOST|torchrun ARGS|start ARGS (not {what!r})")
 
 
 if __name__ == "__main__":

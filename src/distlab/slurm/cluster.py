@@ -42,6 +42,7 @@ from pathlib import Path
 
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
 
+from . import login
 from .errors import ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
     PARTITION,
@@ -90,6 +91,9 @@ class LocalCluster:
     watchdog: subprocess.Popen | None = None
     _old_conf: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    nodes: object | None = None  # the distlab.Nodes it runs on (None: this host, 127.0.0.1)
+    owns_nodes: bool = False  # made for it: closed when it stops
+    _old_path: str | None = None
 
     @property
     def conf(self) -> Path:
@@ -104,6 +108,8 @@ class LocalCluster:
     def as_job_user(self) -> dict:
         """``subprocess`` arguments that run a command (``sbatch`` typed by hand) as the job user: root may
         not submit to this cluster (``DisableRootJobs``)."""
+        if self.nodes is not None:  # the login node's commands enter it as root, then become the job user
+            return {"env": {**self.env, login.AS_USER: self.user}}
         pw = pwd.getpwnam(self.user)
         return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
 
@@ -117,7 +123,15 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        if self.nodes is not None:
+            env["PATH"] = login.with_bin_first(env, self.folder / "bin")
+        return env
+
+    @property
+    def hosts(self) -> list[str]:
+        """The compute nodes' names (``node0``, ``node1``... on nodes; this host's name otherwise)."""
+        return list(self.nodes.hosts) if self.nodes is not None else [socket.gethostname().split(".")[0]]
 
     def running(self) -> bool:
         return any(d.alive() for d in self.daemons)
@@ -130,7 +144,8 @@ class LocalCluster:
 
     def __repr__(self) -> str:
         state = "running" if self.running() else "stopped"
-        return f"LocalCluster({state}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
+        where = f", nodes={','.join(self.hosts)}" if self.nodes is not None else ""
+        return f"LocalCluster({state}{where}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
 
     def stop(self) -> None:
         """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
@@ -138,11 +153,17 @@ class LocalCluster:
         if self.watchdog is not None and self.watchdog.poll() is None:
             self.watchdog.terminate()
             self.watchdog.wait(5)
+        if self.owns_nodes and self.nodes is not None:
+            self.nodes.close()
         if os.environ.get("SLURM_CONF") == str(self.conf):
             if self._old_conf is None:
                 os.environ.pop("SLURM_CONF", None)
             else:
                 os.environ["SLURM_CONF"] = self._old_conf
+        if self.nodes is not None:
+            os.environ["PATH"] = login.without_bin(os.environ.get("PATH", ""), self.folder / "bin")
+            if os.environ.get(login.LOGIN) == str(self.folder):
+                os.environ.pop(login.LOGIN, None)
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
@@ -190,7 +211,7 @@ def controller_answers(timeout: float = 10) -> bool:
 
 
 def local_cluster(root: Path | None = None, use_existing: bool = True,
-                  user: str | None = None) -> LocalCluster | ExistingCluster:
+                  user: str | None = None, nodes=None) -> LocalCluster | ExistingCluster:
     """A Slurm cluster to submit to: the one that already answers (``use_existing``), this process's
     running one-machine cluster, or a new one (SLURM_CONF then points at it) whose jobs run as ``user``
     (default: ``SUDO_USER``, else the ``distlab-job`` account; never root: see the module docstring).
@@ -198,29 +219,72 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
     Raises :class:`~distlab.slurm.errors.ClusterError` naming the packages to install, or why root
     is needed. A cluster started here stops on ``close()``, at exit, or by its watchdog when this
     process dies.
+
+    ``nodes``: run it on :class:`distlab.Nodes` instead of this host: a number (nodes made for the
+    cluster, closed when it stops) or nodes you made. The controller then runs on ``node0``, one
+    ``slurmd`` on each node, every daemon on the nodes' private network, and Slurm's commands typed
+    in the notebook run on ``node0`` as on a login node (:mod:`distlab.slurm.login`).
     """
     global _CURRENT
+    wanted = check_nodes_argument(nodes)
     if _CURRENT is not None and _CURRENT.running():
+        check_same_shape(_CURRENT, wanted)
         return _CURRENT
-    if use_existing and controller_answers():
+    if nodes is None and use_existing and controller_answers():
         return ExistingCluster(os.environ.get("SLURM_CONF"))
     check_can_start()
+    own = isinstance(nodes, int)
+    if own:
+        from distlab.nodes.cluster import Nodes
+
+        nodes = Nodes(nodes)
     name, create = choose_job_user(user, os.environ)
     existed = account_exists(name)
     account = ensure_account(name, create)
     folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
     if not existed:  # made for this cluster: it goes when the cluster stops
         write_private(folder / ACCOUNT_RECORD, name)
-    cluster = LocalCluster(folder=folder, user=account.pw_name, _old_conf=os.environ.get("SLURM_CONF"))
+    cluster = LocalCluster(folder=folder, user=account.pw_name, _old_conf=os.environ.get("SLURM_CONF"),
+                           nodes=nodes, owns_nodes=own)
     try:
         _start(cluster)
     except BaseException:
         stop_folder(folder)
+        if own:
+            nodes.close()
         raise
     os.environ["SLURM_CONF"] = str(cluster.conf)
+    if nodes is not None:
+        os.environ["PATH"] = cluster.env["PATH"]
+        os.environ[login.LOGIN] = str(folder)
     atexit.register(cluster.stop)
     _CURRENT = cluster
     return cluster
+
+
+def check_nodes_argument(nodes) -> int | None:
+    """How many nodes ``local_cluster(nodes=)`` asks for (None: this host), checked before anything starts."""
+    if nodes is None:
+        return None
+    if isinstance(nodes, bool) or not isinstance(nodes, int) and not hasattr(nodes, "pids"):
+        raise ClusterError(f"nodes={nodes!r} is neither a number of nodes nor distlab.Nodes",
+                           "Pass nodes=2, or nodes=distlab.Nodes(2), or leave it out for this host alone.")
+    if isinstance(nodes, int):
+        from distlab.nodes import plan
+
+        return plan.count(nodes)
+    if nodes.closed:
+        raise ClusterError("the nodes given are closed", "Make new ones: distlab.Nodes(2).")
+    return nodes.n
+
+
+def check_same_shape(running: LocalCluster, wanted: int | None) -> None:
+    """A cluster already runs in this process: asking for another number of nodes is an error, not a
+    silent reuse (no ``nodes=``: whichever runs)."""
+    has = None if running.nodes is None else running.nodes.n
+    if wanted is not None and has != wanted:
+        raise ClusterError(f"a local cluster already runs here with {has or 'no'} nodes, and this asks for "
+                           f"{wanted or 'none'}", "Stop it first: cluster.stop().")
 
 
 def choose_job_user(requested: str | None, environ) -> tuple[str, bool]:
@@ -281,9 +345,9 @@ def _start(cluster: LocalCluster) -> None:
     folder = cluster.folder
     for sub in ("run", "state", "log", "munge"):
         os.mkdir(folder / sub, PRIVATE_DIR)
-    cluster.door = make_door(folder, pwd.getpwnam(cluster.user))
+    cluster.door = make_door(folder, pwd.getpwnam(cluster.user), cluster.hosts if cluster.nodes is not None else ())
     sock = cluster.door / "munge.sock"
-    cluster.ports = {"ctld": free_port(), "slurmd": free_port()}
+    cluster.ports = dict(NODE_PORTS) if cluster.nodes is not None else {"ctld": free_port(), "slurmd": free_port()}
     _write_conf(cluster, sock)
     _run(["mungekey", "--create", "--keyfile", str(folder / "munge" / "munge.key")], folder)
     # --force: munged would refuse a socket folder others may enter; only the job user's group can.
@@ -292,21 +356,65 @@ def _start(cluster: LocalCluster) -> None:
         f"--log-file={folder}/log/munged.log", f"--pid-file={folder}/run/munged.pid",
         f"--seed-file={folder}/munge/seed"]))
     _wait(lambda: sock.exists(), "munged did not create its socket", folder / "log" / "munged.stdout")
+    if cluster.nodes is not None:
+        _start_on_nodes(cluster)
+    else:
+        _start_on_this_host(cluster, sock)
+    with open_private(folder / "log" / "watchdog.log", "ab") as log:
+        cluster.watchdog = subprocess.Popen(watchdog_argv(os.getpid(), _own_start_time(), folder),
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+def _start_on_this_host(cluster: LocalCluster, sock: Path) -> None:
     _start_on_a_free_port(cluster, sock, "slurmctld", ["slurmctld", "-D", "-i"], "ctld",
                           lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer")
     _start_on_a_free_port(cluster, sock, "slurmd", ["slurmd", "-D"], "slurmd",
                           lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"),
                           "slurmd's node did not become idle")
-    with open_private(folder / "log" / "watchdog.log", "ab") as log:
-        cluster.watchdog = subprocess.Popen(watchdog_argv(os.getpid(), _own_start_time(), folder),
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+#: the ports on the nodes: Slurm's defaults, free there (each node's network is new and the user's own)
+NODE_PORTS = {"ctld": 6817, "slurmd": 6818}
+
+
+def _start_on_nodes(cluster: LocalCluster) -> None:
+    """slurmctld on node0, one slurmd per node (``-N`` its node name), Slurm's commands through the
+    login shims (:mod:`distlab.slurm.login`); ready when every node is idle."""
+    nodes = cluster.nodes
+    login.write_shims(cluster.folder, nodes.pids[0], nodes.hosts[0])
+    log = cluster.folder / "log"
+    ctld = _daemon(cluster, "slurmctld", nodes.command(0, ["slurmctld", "-D", "-i"]))
+    cluster.daemons.append(ctld)
+    if not _wait(lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer",
+                 log / "slurmctld.log", alive=ctld.alive):
+        raise ClusterError("slurmctld did not answer: it exited",
+                           "Its log ends:\n" + "\n".join(_tail(log / "slurmctld.log")))
+    for k, host in enumerate(nodes.hosts):
+        d = _daemon(cluster, f"slurmd-{host}", nodes.command(k, ["slurmd", "-D", "-N", host]))
+        cluster.daemons.append(d)
+    every = [d for d in cluster.daemons if d.name.startswith("slurmd-")]
+    _wait(lambda: _all_idle(cluster.env, len(nodes.hosts)), "the nodes did not all become idle",
+          log / f"slurmd-{nodes.hosts[-1]}.log", alive=lambda: all(d.alive() for d in every))
+    if not all(d.alive() for d in every):
+        dead = next(d for d in every if not d.alive())
+        raise ClusterError(f"{dead.name} exited", "Its log ends:\n" + "\n".join(_tail(log / f"{dead.name}.log")))
+
+
+def _all_idle(env: dict, n: int) -> bool:
+    """``sinfo -N`` lists ``n`` nodes, every one idle."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=env, capture_output=True, text=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    states = done.stdout.split()
+    return done.returncode == 0 and len(states) == n and all(s == "idle" for s in states)
 
 
 DOOR_RECORD = "door"  # in the private folder: where the door is (removed with the cluster)
 ACCOUNT_RECORD = "made-account"  # in the private folder: the job account this cluster created, if it did
 
 
-def make_door(folder: Path, account: pwd.struct_passwd) -> Path:
+def make_door(folder: Path, account: pwd.struct_passwd, node_spools=()) -> Path:
     """The folder the job user reaches (see the module docstring): root:<its group> 0710 in the system's
     temporary directory (short: munged's socket path must fit 107 bytes), with ``spool/`` and ``jobs/``
     (root's, 0711: the job user enters its own folders there but cannot rename or plant entries)."""
@@ -316,6 +424,9 @@ def make_door(folder: Path, account: pwd.struct_passwd) -> Path:
     os.chmod(door, 0o710)
     os.mkdir(door / "spool", 0o711)  # slurmd keeps each job's batch script in a folder of the job's user here
     os.chmod(door / "spool", 0o711)
+    for host in node_spools:  # on nodes: one spool per slurmd (SlurmdSpoolDir=.../spool/%n)
+        os.mkdir(door / "spool" / host, 0o711)
+        os.chmod(door / "spool" / host, 0o711)
     os.mkdir(door / "jobs", 0o711)  # root's: the job user enters its own folders here, but renames nothing
     os.chmod(door / "jobs", 0o711)
     return door
@@ -336,9 +447,13 @@ def _write_conf(cluster: LocalCluster, sock: Path) -> None:
     """The slurm.conf in the door: 0640, root and the job user's group (its srun reads it)."""
     cpus, memory = node_resources()
     user = pwd.getpwuid(os.geteuid()).pw_name
+    nodes = None
+    if cluster.nodes is not None:  # every node has the machine's cores; its memory is shared among them
+        nodes = list(zip(cluster.nodes.hosts, cluster.nodes.addresses, strict=True))
+        memory //= len(nodes)
     write_private(cluster.conf, config_text(cluster.folder, socket.gethostname().split(".")[0],
                                             cluster.ports["ctld"], cluster.ports["slurmd"], user, cpus, memory, sock,
-                                            spool=cluster.door / "spool"))
+                                            spool=cluster.door / "spool", nodes=nodes))
     os.chown(cluster.conf, 0, os.stat(cluster.door).st_gid)
     os.chmod(cluster.conf, 0o640)
 
@@ -440,6 +555,8 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
     record = Path(folder) / DOOR_RECORD
     conf = Path(record.read_text()) / "slurm.conf" if record.exists() else Path(folder) / "slurm.conf"
     env = {**os.environ, "SLURM_CONF": str(conf)}
+    if (Path(folder) / "bin").is_dir():  # on nodes: the commands run on the login node (gone with the nodes)
+        env["PATH"] = login.with_bin_first(env, Path(folder) / "bin")
     if any(d.name == "slurmctld" and d.alive() for d in daemons):
         _cancel_all(env, grace_s)
     for d in reversed(daemons):

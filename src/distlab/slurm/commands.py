@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from . import login
 from .errors import NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
 
 #: states after which a job never runs again (PREEMPTED without requeue included)
@@ -86,6 +87,9 @@ def sbatch(script, user=None, env=None) -> int:
     ``user``: an account (``pwd`` entry) to submit as, with ``env`` as the job's environment."""
     as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [],
                                        "env": env, "cwd": os.path.dirname(script)}
+    if user is not None and os.environ.get(login.LOGIN):  # a cluster on nodes: its login node's sbatch
+        as_user = {"env": {**(env or os.environ), login.AS_USER: user.pw_name, "PATH": os.environ["PATH"]},
+                   "cwd": os.path.dirname(script)}  # becomes the user itself (root may enter the node's network)
     done = run(["sbatch", "--parsable", str(script)], check=False, umask=0o077, **as_user)
     if done.returncode:
         raise SubmitError(SBATCH_FAILED.format(code=done.returncode, stderr=done.stderr.strip(), script=script))

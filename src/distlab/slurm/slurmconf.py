@@ -24,10 +24,10 @@ PROGRAMS = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "s
             "scancel": "slurm-client", "sinfo": "slurm-client", "srun": "slurm-client"}
 PARTITION = "debug"
 
-CONF = """# slurm.conf written by distlab.slurm.local_cluster(): one node, this host.
+CONF = """# slurm.conf written by distlab.slurm.local_cluster(): {what}.
 ClusterName=distlab
-SlurmctldHost={host}(127.0.0.1)
-# every daemon binds 127.0.0.1, not every interface
+SlurmctldHost={ctld_host}({ctld_addr})
+# every daemon binds {bind}, not every interface
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -53,14 +53,15 @@ SchedulerParameters=sched_interval=1,bf_interval=1
 KillWait=5
 MinJobAge=600
 SlurmctldPidFile={folder}/run/slurmctld.pid
-SlurmdPidFile={folder}/run/slurmd.pid
+# %n: the node's name (one slurmd per node, each its own pid file, log and spool)
+SlurmdPidFile={folder}/run/slurmd{per_node}.pid
 # the job's batch script is kept here and run as the job user: in the door (see cluster.py)
-SlurmdSpoolDir={spool}
+SlurmdSpoolDir={spool}{spool_node}
 StateSaveLocation={folder}/state
 SlurmctldLogFile={folder}/log/slurmctld.log
-SlurmdLogFile={folder}/log/slurmd.log
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN
-PartitionName={partition} Nodes={host} Default=YES MaxTime=INFINITE State=UP
+SlurmdLogFile={folder}/log/slurmd{per_node}.log
+{node_lines}
+PartitionName={partition} Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -92,8 +93,19 @@ def node_resources() -> tuple[int, int]:
 
 def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user: str,
                 cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION,
-                spool: Path | None = None) -> str:
-    """The cluster's slurm.conf (pure: tests read it)."""
-    return CONF.format(folder=folder, spool=spool or folder / "spool", host=host, ctld_port=ctld_port,
+                spool: Path | None = None, nodes: list[tuple[str, str]] | None = None) -> str:
+    """The cluster's slurm.conf (pure: tests read it).
+
+    ``nodes``: (name, address) of each node when the cluster runs on :class:`distlab.Nodes` (the
+    controller on the first, one slurmd on each, every daemon bound to its node's private address);
+    None: one node, this host, everything on 127.0.0.1."""
+    hosts = nodes or [(host, "127.0.0.1")]
+    node_lines = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN"
+                           for name, addr in hosts)
+    what = f"{len(hosts)} nodes, each a network namespace of distlab.Nodes" if nodes else "one node, this host"
+    return CONF.format(folder=folder, spool=spool or folder / "spool", ctld_host=hosts[0][0], ctld_addr=hosts[0][1],
+                       bind="its node's private address" if nodes else "127.0.0.1", what=what,
+                       per_node="-%n" if nodes else "", spool_node="/%n" if nodes else "", node_lines=node_lines,
+                       node_names=",".join(name for name, _ in hosts), ctld_port=ctld_port,
                        slurmd_port=slurmd_port, user=user,
-                       socket=socket_path, cpus=cpus, memory_mb=memory_mb, partition=partition)
+                       socket=socket_path, memory_mb=memory_mb, partition=partition)

@@ -179,6 +179,8 @@ def _environment(spec: JobSpec) -> list[str]:
         f"export DISTLAB_RUN_DIR={q(str(spec.run_dir))}",
         f"export TMPDIR={q(str(spec.run_dir / 'tmp'))}",
         "export PYTHONUNBUFFERED=1",
+        "# since Slurm 22.05 srun no longer takes --cpus-per-task from the allocation: pass it on",
+        "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK",
         "",
         *_rendezvous_lines(spec),
         "echo \"distlab: job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST\"",
@@ -195,8 +197,8 @@ def _rendezvous_lines(spec: JobSpec) -> list[str]:
             "# (this script runs on that node), bound to its address only. Several nodes: the cluster's",
             "# network must be trusted (torch's stores have no authentication).",
             "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
-            f"port=$({_python(spec)} -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); "
-            "print(s.getsockname()[1])' \"$head_node\")"]
+            "# (a port below the ephemeral range, where srun takes its own: distlab.slurm.bound.free_port)",
+            f"port=$({_python(spec)} -m distlab.slurm.bound port \"$head_node\")"]
 
 
 def _python(spec: JobSpec) -> str:
@@ -230,14 +232,16 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
                   f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.rank {command}"]
     elif spec.mode == "torchrun":
         lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
-                  "# torchrun, its c10d store bound to the first node's address only (not every interface)",
-                  f"srun {_python(spec)} -m distlab.slurm.bound torchrun \\",
-                  "    --nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" "
-                  f"--nproc-per-node {spec.ranks_per_node} \\",
+                  "# torchrun, its c10d store bound to the first node's address only (not every interface).",
+                  "# No --node-rank: c10d numbers the agents as they join (\"$SLURM_NODEID\" on this line would be",
+                  "# expanded once, here on the first node, and give every node 0).",
+                  "# --kill-on-bad-exit: an agent that fails ends the others now, not at a collective's timeout.",
+                  f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.bound torchrun \\",
+                  f"    --nnodes \"$SLURM_NNODES\" --nproc-per-node {spec.ranks_per_node} \\",
                   "    --rdzv-backend c10d --rdzv-endpoint \"$head_node:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",
                   f"    -m distlab.slurm.rank {command}"]
     else:
         lines += ["export MASTER_ADDR=\"$head_node\" MASTER_PORT=\"$port\"   # init_process_group's env://",
                   "# distlab.slurm.rank sets RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
-                  f"srun --kill-on-bad-exit=1 python -m distlab.slurm.rank {command}"]
+                  f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.rank {command}"]
     return "\n".join(lines) + "\n"

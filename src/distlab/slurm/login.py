@@ -1,0 +1,72 @@
+"""The login node of a cluster on :class:`distlab.Nodes`: Slurm's commands typed in the notebook reach it.
+
+A cluster on nodes lives on their private network: the controller listens on ``node0``'s address,
+which the host (where the notebook runs) cannot reach, and which nobody else on this machine can
+reach either (that is the point). So ``sinfo``, ``squeue``, ``sbatch``... typed in the notebook
+(``!squeue``, ``subprocess.run(["squeue"])``, distlab's own calls) must run *on* a node, as a
+terminal on a cluster's login node would. The cluster puts a folder of small scripts first on
+``PATH`` (its ``bin/``, private to the notebook's user), one per Slurm command, that run the real
+command inside node0's network namespace with ``nsenter``. Everything else stays as it was: the
+working directory, the environment, ``SLURM_CONF``.
+
+Only root may enter a namespace, and the cluster's jobs never run as root: a command the notebook
+runs *as the job user* (``sbatch`` typed by hand) names that user in :data:`AS_USER`, and the script
+enters the namespace as root, then becomes that user (``nsenter --setuid --setgid``, which also drops
+supplementary groups). Run by anyone but root (a job's own ``srun``, already on a node) the script
+runs the real command directly. Pure but for :func:`write_shims`.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+#: the Slurm commands a learner or distlab runs from the login node
+COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun", "salloc", "sacct", "sstat", "sattach",
+            "sprio", "sshare", "strigger")
+#: environment variable naming the user a shim runs its command as (set by ``as_job_user``)
+AS_USER = "DISTLAB_SLURM_AS"
+#: environment variable holding the login node's holder pid while a cluster on nodes runs
+LOGIN = "DISTLAB_SLURM_LOGIN"
+
+SHIM = """#!/bin/sh
+# distlab: `{name}` on the cluster's login node ({host}): its controller listens on the nodes' private network.
+real={real}
+if [ "$(id -u)" != 0 ]; then exec "$real" "$@"; fi   # not root: already on a node (a job's srun)
+user=${as_user}
+unset {as_user}                                     # (not passed on to the job)
+if [ -n "$user" ]; then                             # as the job user: enter as root, then become it
+    exec nsenter -t {pid} -n -S "$(id -u "$user")" -G "$(id -g "$user")" -- "$real" "$@"
+fi
+exec nsenter -t {pid} -n -- "$real" "$@"
+"""
+
+
+def shim_text(name: str, real: str, pid: int, host: str) -> str:
+    """The script that runs Slurm command ``name`` (found at ``real``) in holder ``pid``'s network."""
+    return SHIM.format(name=name, real=shlex.quote(real), pid=int(pid), host=host, as_user=AS_USER)
+
+
+def write_shims(folder: Path, pid: int, host: str, which=shutil.which) -> Path:
+    """Write ``folder/bin`` (0700) with one script per Slurm command found on PATH; returns it."""
+    bin_dir = Path(folder) / "bin"
+    bin_dir.mkdir(mode=0o700, exist_ok=True)
+    for name in COMMANDS:
+        real = which(name)
+        if real is None or Path(real).parent == bin_dir:
+            continue
+        path = bin_dir / name
+        path.write_text(shim_text(name, real, pid, host))
+        path.chmod(0o700)
+    return bin_dir
+
+
+def with_bin_first(environ: dict, bin_dir: Path) -> str:
+    """PATH with ``bin_dir`` first (once)."""
+    parts = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != str(bin_dir)]
+    return os.pathsep.join([str(bin_dir), *parts])
+
+
+def without_bin(path: str, bin_dir: Path) -> str:
+    return os.pathsep.join(p for p in path.split(os.pathsep) if p != str(bin_dir))

@@ -1,0 +1,167 @@
+"""distlab.slurm on two nodes: ``local_cluster(nodes=2)`` runs slurmctld on node0 and one slurmd per node
+(each node a network namespace of distlab.Nodes), so ``--nodes 2`` jobs really span two hosts.
+
+Checked: every Slurm command typed on the host reaches the controller (the login shims), ``sbatch`` by
+hand as the job user, a torchrun job and a tasks job across the two nodes (each rank where Slurm says,
+RANK vs LOCAL_RANK vs SLURM_NODEID, a c10d rendezvous across them, chapter 7's training to the
+reference), a requeue with resume, the daemons only on the nodes' network, and that nothing of the
+cluster or its nodes is left after ``stop()``.
+"""
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import slurm_jobs
+from procs import running
+
+from distlab import slurm
+from distlab.slurm import login
+from distlab.teach import training
+
+pytestmark = pytest.mark.slow
+
+WHERE = '''import os, socket
+import torch, torch.distributed as dist
+import distlab
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(total)
+print("where", socket.gethostname(), os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["SLURM_NODEID"],
+      int(total.item()), flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    os.chmod(root, 0o700)
+    old, path = os.environ.get("DISTLAB_RUNS"), os.environ["PATH"]
+    os.environ["DISTLAB_RUNS"] = str(root)
+    c = slurm.local_cluster(nodes=2)
+    yield c
+    daemons, holders = list(c.daemons), c.nodes.holder_pids()
+    c.stop()
+    if old is None:
+        os.environ.pop("DISTLAB_RUNS", None)
+    else:
+        os.environ["DISTLAB_RUNS"] = old
+    assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
+    assert c.nodes.closed and not [p for p in holders if running(p)], "the cluster's nodes outlived it"
+    assert not c.folder.exists() and not c.door.exists()
+    assert os.environ["PATH"] == path and login.LOGIN not in os.environ, "stop() left the login shims on PATH"
+
+
+def _ranks(res) -> dict[int, tuple[str, str, str, int]]:
+    """rank -> (host, LOCAL_RANK, SLURM_NODEID, all-reduced sum) from each rank's 'where' line."""
+    found = {}
+    for r, log in res.logs.items():
+        line = next(x for x in log.splitlines() if x.startswith("where "))
+        _, host, rank, local, node, total = line.split()
+        assert int(rank) == r
+        found[r] = (host, local, node, int(total))
+    return found
+
+
+def test_the_cluster_has_two_nodes_that_slurm_commands_on_the_host_reach(cluster):
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, check=True)
+    assert nodes.stdout.split("\n")[:2] == ["node0 idle", "node1 idle"]
+    assert repr(cluster).startswith("LocalCluster(running, nodes=node0,node1")
+    # the daemons listen on the nodes' private addresses, never on the host
+    host = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+    assert ":6817 " not in host and ":6818 " not in host and "10.77.0." not in host
+    on_node0 = cluster.nodes.run(0, "ss -ltnH").stdout
+    assert "10.77.0.1:6817" in on_node0 and "10.77.0.1:6818" in on_node0
+    assert "10.77.0.2:6818" in cluster.nodes.run(1, "ss -ltnH").stdout
+
+
+def test_sbatch_by_hand_as_the_job_user_runs_a_task_on_each_node(cluster):
+    work = cluster.workdir()
+    (work / "hello.sbatch").write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"
+                                       "#SBATCH --output=hello-%j.out\n"
+                                       "srun bash -c 'echo task $SLURM_PROCID node $SLURM_NODEID on $(hostname) "
+                                       "as $(id -un)'\n")
+    done = subprocess.run(["sbatch", "--parsable", "hello.sbatch"], capture_output=True, text=True, cwd=work,
+                          **cluster.as_job_user)
+    assert done.returncode == 0, done.stderr
+    job_id = int(done.stdout)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["squeue", "-h", "-j", str(job_id)], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    lines = sorted((work / f"hello-{job_id}.out").read_text().split("\n"))[1:]
+    assert lines == [f"task 0 node 0 on node0 as {cluster.user}", f"task 1 node 1 on node1 as {cluster.user}"]
+
+
+@pytest.mark.parametrize("mode", ["torchrun", "tasks"])
+def test_a_job_on_two_nodes_has_its_ranks_where_slurm_says_and_they_meet(cluster, mode):
+    work = cluster.workdir()
+    (work / "where.py").write_text(WHERE)
+    res = slurm.submit(work / "where.py", nodes=2, ranks_per_node=2, mode=mode, view=None, workdir=work)
+    assert res.state == "COMPLETED" and res.exit_codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    where = _ranks(res)
+    assert where == {0: ("node0", "0", "0", 6), 1: ("node0", "1", "0", 6),
+                     2: ("node1", "0", "1", 6), 3: ("node1", "1", "1", 6)}, where
+
+
+def test_chapter_7s_script_on_two_nodes_trains_to_the_reference(cluster):
+    work = cluster.workdir()
+    script = training.write_ddp_train(work)
+    res = slurm.submit(script, ["--epochs", "1", "--size", "256", "--log-every", "8"], nodes=2, ranks_per_node=1,
+                       view=None, workdir=work)
+    assert res.state == "COMPLETED" and res.exit_codes == {0: 0, 1: 0}
+    sums = {r: training.checksums_in(res.logs[r])[r] for r in (0, 1)}
+    reference = training.reference_train(size=256, batch_size=32, world_size=2, epochs=1)["model"]
+    expected = sum(v.double().sum().item() for v in reference.values())
+    assert sums[0] == sums[1] and abs(sums[0] - expected) < 1e-4
+
+
+def test_a_requeued_two_node_job_resumes(cluster):
+    work = cluster.workdir()
+    script = work / "resumable.py"
+    script.write_text(slurm_jobs.RESUMABLE)
+    ckpt, steps = work / "ckpt.json", 30
+    job = slurm.submit(script, [str(steps), str(ckpt)], nodes=2, mode="tasks", requeue=True, join=False,
+                       workdir=work)
+    job.watch(until=lambda: (job.latest("step") or 0) >= 8, view=None)
+    subprocess.run(["scontrol", "requeue", str(job.id)], check=True)
+    deadline = time.monotonic() + 30
+    while job.state.reason != "BeginTime":
+        assert time.monotonic() < deadline, f"not requeued: {job.state}"
+        time.sleep(0.1)
+    time.sleep(3)
+    subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)
+    res = job.join(view=None)
+    assert res.attempts == 2 and res.state == "COMPLETED"
+    saved = json.loads(Path(ckpt).read_text())
+    second = [r["step"] for r in res.metrics[1] if r["attempt"] == 1]  # rank 1, on node1, resumed too
+    assert second[0] == saved["step"] + 1 and second[-1] == steps
+    assert f"resumed at step {saved['step']}" in res.logs[1]
+
+
+def test_a_killed_kernel_leaves_neither_daemon_nor_node(tmp_path):
+    """The process that started a two-node cluster is killed (-9): the nodes' holders see their pipe
+    close and take every process on the nodes with them (slurmctld, the slurmds), the watchdog stops
+    munged and removes the folders."""
+    import sys
+
+    code = ("import json, sys; from distlab import slurm; c = slurm.local_cluster(nodes=2); "
+            "print(json.dumps([str(c.folder), sorted(c.nodes.holder_pids())]), flush=True); sys.stdin.read()")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs")})
+    folder, holders = json.loads(owner.stdout.readline())
+    folder = Path(folder)
+    door = Path((folder / "door").read_text())
+    daemons = json.loads((folder / "daemons.json").read_text())
+    assert sorted(d["name"] for d in daemons) == ["munged", "slurmctld", "slurmd-node0", "slurmd-node1"]
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (any(running(p) for p in [d["pid"] for d in daemons] + holders)
+                                           or folder.exists() or door.exists()):
+        time.sleep(0.2)
+    assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
+    assert not [p for p in holders if running(p)] and not folder.exists() and not door.exists()
