@@ -151,7 +151,7 @@ def test_requeue_resumes_from_the_checkpoint(cluster, capsys):
     while job.state.reason != "BeginTime":  # requeue complete: the job waits for its new start time
         assert time.monotonic() < deadline, f"not requeued: {job.state}"
         time.sleep(0.1)
-    time.sleep(3)  # past the old credential (cred_expire=2 here): released sooner it once ended FAILED
+    time.sleep(3)  # a second past the revocation of the old credential: released at once it once ended FAILED
     subprocess.run(["scontrol", "update", f"JobId={job.id}", "StartTime=now"], check=True)  # not Slurm's ~2 min
     res = job.join(view=None)
     assert res.attempts == 2 and res.state == "COMPLETED"

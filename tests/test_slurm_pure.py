@@ -247,7 +247,7 @@ def test_cluster_config_and_missing_packages(tmp_path):
                 and " " not in line.split("=", 1)[0])
     assert conf["SlurmctldHost"] == "vm(127.0.0.1)" and conf["SlurmctldPort"] == "7001" and conf["SlurmdPort"] == "7002"
     assert conf["CommunicationParameters"] == "NoCtldInAddrAny,NoInAddrAny"  # 127.0.0.1, not every interface
-    assert conf["AuthInfo"] == f"socket={tmp_path}/s/munge.sock,cred_expire=2"
+    assert conf["AuthInfo"] == f"socket={tmp_path}/s/munge.sock,cred_expire=5"
     assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
     assert all(str(tmp_path) in conf[k] for k in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile"))
     assert "NodeName=vm NodeAddr=127.0.0.1 CPUs=2 RealMemory=1800" in text

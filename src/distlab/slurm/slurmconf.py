@@ -3,7 +3,8 @@
 
 What the ``slurm.conf`` tunes for a small cluster, against Slurm's defaults: the scheduler runs every
 second (``sched_interval=1,bf_interval=1``; defaults 60 s and 30 s), ``KillWait=5`` (30 s), and
-``cred_expire=2`` (120 s), which is also how long a requeued job must wait before it may start again.
+``cred_expire=5`` (120 s; smaller values are refused and fall back to 120), and a requeued job waits
+``cred_expire`` + 1 s before it may start again.
 Process tracking is ``proctrack/linuxproc`` and there is no task plugin: no cgroups needed, so it runs
 in a container.
 
@@ -36,8 +37,8 @@ SlurmUser={user}
 DisableRootJobs=YES
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire: a requeued job waits this long (default 120 s) before it may start again
-AuthInfo=socket={socket},cred_expire=2
+# cred_expire: a requeued job waits this long + 1 s (default 120 s; 5 is the least Slurm 22.05 accepts)
+AuthInfo=socket={socket},cred_expire=5
 # no cgroups: plain Linux process tracking, no CPU binding (works in containers)
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
