@@ -153,3 +153,34 @@ def test_a_run_across_nodes_cancelled_leaves_no_rank_on_either_node(nodes):
     with pytest.raises(RunCancelledError):
         run.join()
     assert our_ranks("stuck_on_node1") == []
+
+
+WHERE_AND_SUM = """import os, socket
+t = torch.full((1 << 20,), float(rank))   # 4 MB: over the links, not loopback
+dist.all_reduce(t)
+(socket.gethostname(), os.environ["LOCAL_RANK"], world_size, t[0].item())"""
+
+
+def test_warm_ranks_on_nodes_live_on_their_node_and_meet_over_the_links(nodes):
+    before = nodes.traffic()
+    with distlab.Ranks(2, nodes=nodes) as ranks:
+        assert "nodes=2x2" in repr(ranks) and ranks.nprocs == 4
+        got = ranks.exec(WHERE_AND_SUM)
+        assert dict(got) == {0: ("node0", "0", 4, 6.0), 1: ("node0", "1", 4, 6.0),
+                             2: ("node1", "0", 4, 6.0), 3: ("node1", "1", 4, 6.0)}
+        sent = nodes.traffic()[1]["sent_bytes"] - before[1]["sent_bytes"]
+        assert sent > 4 << 20, f"node1 sent {sent} bytes: the all-reduce did not cross its link"
+        pids = list(ranks.pids)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_warm_ranks_refuse_closed_nodes_and_a_forked_start_before_starting():
+    closed = distlab.Nodes(1)
+    closed.close()
+    with pytest.raises(LaunchArgumentError, match="closed"):
+        distlab.Ranks(1, nodes=closed)
+    with pytest.raises(LaunchArgumentError, match="Nodes"):
+        distlab.Ranks(1, nodes=2)
+    with distlab.Nodes(1) as one:
+        with pytest.raises(LaunchArgumentError, match="spawn"):
+            distlab.Ranks(1, nodes=one, start="forkserver")

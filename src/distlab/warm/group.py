@@ -50,14 +50,14 @@ def rank_stack(dump: str) -> str:
     return clean_stack(dump, RUNTIME_FILES, started_by=STARTED_BY, compact=True)
 
 
-def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spawn"):
+def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spawn", on=()):
     """Start one rank running :func:`distlab.warm.loop.main`: forked from distlab's forkserver
     (``start="forkserver"``: milliseconds, and CUDA-safe for the same reason as ``spawn``'s ranks)
     or a fresh interpreter (``"spawn"``).
 
     Either way it gets its configuration in ``DISTLAB_RANK``, keeps its end of the pipe ``conn``,
     writes C-level output to ``log``, and has its own session, so Kernel > Interrupt reaches the
-    kernel only (which then decides).
+    kernel only (which then decides). ``on``: the prefix that runs it on a node (``Nodes.command``).
     """
     env = {**os.environ, **_rank_environment(cfg, os.environ)}
     if start == "forkserver":
@@ -70,7 +70,7 @@ def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spa
             + "from distlab.warm.loop import main; main()")
     env["DISTLAB_RANK"] = json.dumps(cfg)
     with open_private(log, "wb") as out:
-        return subprocess.Popen([sys.executable, *launchmode.safe_path_flags(), "-c", code], env=env,
+        return subprocess.Popen([*on, sys.executable, *launchmode.safe_path_flags(), "-c", code], env=env,
                                 pass_fds=[conn.fileno()], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -119,16 +119,22 @@ def _rank_environment(cfg: dict, kernel_env) -> dict[str, str]:
     from distlab.rendezvous.loopback import PLACEHOLDER_PORT
     from distlab.worker import loopback_interface, loopback_socket_vars
 
-    env = {"RANK": str(cfg["rank"]), "LOCAL_RANK": str(cfg["rank"]), "WORLD_SIZE": str(cfg["world_size"]),
-           "LOCAL_WORLD_SIZE": str(cfg["world_size"]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(PLACEHOLDER_PORT),
-           **loopback_socket_vars(kernel_env, loopback_interface()), "PYTHONUNBUFFERED": "1"}
+    per_node = cfg.get("per_node", cfg["world_size"])
+    sockets = loopback_socket_vars(kernel_env, loopback_interface())
+    if "node_if" in cfg:  # on nodes: gloo's and NCCL's sockets on the node's link, MASTER_ADDR node0
+        sockets = {"GLOO_SOCKET_IFNAME": cfg["node_if"], "NCCL_SOCKET_IFNAME": cfg["node_if"]}
+    env = {"RANK": str(cfg["rank"]), "LOCAL_RANK": str(cfg["rank"] % per_node), "WORLD_SIZE": str(cfg["world_size"]),
+           "LOCAL_WORLD_SIZE": str(per_node), "MASTER_ADDR": cfg.get("master_addr", "127.0.0.1"),
+           "MASTER_PORT": str(PLACEHOLDER_PORT), **sockets, "PYTHONUNBUFFERED": "1"}
     if cfg["world_size"] > 1 and "OMP_NUM_THREADS" not in kernel_env:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does: N ranks must not each use every core
     return env
 
 
-def start_group(nprocs: int, backend: str, start: str = "spawn") -> RankGroup:
-    """Start ``nprocs`` ranks and wait until each has joined the process group.
+def start_group(nprocs: int, backend: str, start: str = "spawn", nodes=None) -> RankGroup:
+    """Start ``nprocs`` ranks and wait until each has joined the process group (on ``nodes``: spread
+    evenly, rank ``r`` on node ``r // (nprocs // nodes.n)``; their store is the same file, which every
+    node sees, and gloo's traffic goes over the links).
 
     Their folder (logs, stack dumps, the group's FileStore) is made in this process's private
     temporary folder (:mod:`distlab.folders.privtmp`), so a killed kernel leaves nothing in ``/tmp``.
@@ -143,14 +149,25 @@ def start_group(nprocs: int, backend: str, start: str = "spawn") -> RankGroup:
                 ours, theirs = Pipe(duplex=True)
                 cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store),
                        "folder": str(folder), "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p],
-                       "umask": launchmode.current_umask()}
-                group.add(start_rank_process(cfg, theirs, group.log_path(rank), start), ours)
+                       "umask": launchmode.current_umask(), **on_node(rank, nprocs, nodes)}
+                where = {"on": nodes.command(cfg["node"], [])} if nodes is not None else {}
+                group.add(start_rank_process(cfg, theirs, group.log_path(rank), start, **where), ours)
                 theirs.close()  # only the rank holds its end: its death reads as end-of-file here
         group.wait_ready(START_TIMEOUT_S)
     except BaseException:
         group.stop(graceful=False)
         raise
     return group
+
+
+def on_node(rank: int, nprocs: int, nodes) -> dict:
+    """What a rank on ``nodes`` adds to its configuration (nothing without nodes). Pure."""
+    if nodes is None:
+        return {}
+    from distlab.nodes import plan
+
+    per_node = nprocs // nodes.n
+    return {"node": rank // per_node, "per_node": per_node, "node_if": plan.NODE_IF, "master_addr": plan.address(0)}
 
 
 class RankGroup:

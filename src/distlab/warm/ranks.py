@@ -73,13 +73,25 @@ class Ranks:
     ``{rank: fn(*args)}``. ``timeout`` (seconds, or None for no limit) bounds every call unless
     the call gives its own. Output of user threads that outlive their call is kept in
     ``late_output`` instead of appearing in a later cell.
+
+    ``nodes`` (:class:`distlab.Nodes`): ``nprocs`` ranks on each node, ``nodes.n * nprocs`` in all
+    (``nprocs`` then is that total), rank ``r`` on node ``r // per_node``, talking over the nodes' links.
+    Those ranks are fresh interpreters started inside their node (distlab's forkserver runs on the
+    host's network, and a process cannot be forked into another network namespace).
     """
 
-    def __init__(self, nprocs: int, backend: str = "auto", timeout: float | None = None, start: str = "auto"):
-        self.nprocs = config.check_positive_int("nprocs", nprocs)
-        config.check_backend(backend, self.nprocs, config.cuda_device_count() if backend == "nccl" else 0)
+    def __init__(self, nprocs: int, backend: str = "auto", timeout: float | None = None, start: str = "auto",
+                 nodes=None):
+        self.per_node = config.check_positive_int("nprocs", nprocs)
+        self.nodes = check_nodes(nodes)
+        self.nprocs = self.per_node * (nodes.n if nodes is not None else 1)
+        config.check_backend(backend, self.per_node, config.cuda_device_count() if backend == "nccl" else 0)
         self.backend = backend
-        self.start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
+        self.start = "spawn" if nodes is not None and start == "auto" else \
+            launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
+        if nodes is not None and self.start != "spawn":
+            raise LaunchArgumentError("start", start, "must be \"spawn\" (or \"auto\") with nodes=",
+                                      "Ranks on nodes are fresh interpreters: leave start= out.")
         self.timeout = config.check_timeout(timeout)
         self.late_output: dict[int, str] = {}
         self._exec_names: dict[str, str] = {}  # one file name per distinct source: compiled once, cached
@@ -107,6 +119,8 @@ class Ranks:
     def _start_group(self) -> RankGroup:
         """Forked from distlab's forkserver where it works; fresh interpreters after a warning
         (once per reason) where it cannot start, as ``spawn`` does."""
+        if self.nodes is not None:
+            return start_group(self.nprocs, self.backend, "spawn", nodes=self.nodes)
         if self.start == "forkserver":
             from distlab.forkserver import elastic as forklaunch
 
@@ -150,7 +164,8 @@ class Ranks:
         return self._group.pids if self._group is not None else []
 
     def __repr__(self) -> str:
-        return f"Ranks(nprocs={self.nprocs}, backend={self.backend!r}, state={self.state!r}, pids={self.pids})"
+        where = f", nodes={self.nodes.n}x{self.per_node}" if self.nodes is not None else ""
+        return f"Ranks(nprocs={self.nprocs}{where}, backend={self.backend!r}, state={self.state!r}, pids={self.pids})"
 
     # --- calls ---------------------------------------------------------------------------------
 
@@ -347,6 +362,19 @@ class Ranks:
 
 
 SETS_UP = (proto.EXEC, proto.RUN, proto.PUSH)  # calls that leave state on the ranks (scatter: message None)
+
+
+def check_nodes(nodes):
+    """None, or open :class:`distlab.Nodes` (checked before any rank starts)."""
+    if nodes is None:
+        return None
+    from distlab.nodes.cluster import Nodes
+
+    if not isinstance(nodes, Nodes):
+        raise LaunchArgumentError("nodes", nodes, "must be distlab.Nodes", "Make them: nodes = distlab.Nodes(2).")
+    if nodes.closed:
+        raise LaunchArgumentError("nodes", nodes, "are closed", "Make new ones: nodes = distlab.Nodes(2).")
+    return nodes
 
 
 def build_error(conv, failures: list[int], stacks: dict[int, str], where: str, timeout, state: str,
