@@ -39,6 +39,45 @@ print("final", json.dumps(weights), flush=True)
 '''
 
 
+WARNED = '''"""A job that checkpoints when warned before its time limit (--signal=USR1@T) and requeues itself.
+
+Each rank keeps its own state (no torch: the test is about Slurm). On SIGUSR1 (the warning) or SIGTERM, a
+rank saves at the next step and exits; after the warning rank 0 also asks Slurm to requeue the job.
+A new attempt resumes from each rank's checkpoint."""
+import json, os, signal, subprocess, sys, time
+
+import distlab
+
+STEPS, folder = int(sys.argv[1]), sys.argv[2]
+rank, attempt = int(os.environ["RANK"]), int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+ckpt = os.path.join(folder, f"ckpt{rank}.json")
+why = []
+signal.signal(signal.SIGUSR1, lambda s, f: why.append("warning"))
+signal.signal(signal.SIGTERM, lambda s, f: why.append("SIGTERM"))
+
+step, weights = 0, [1.0, -2.0, 0.5]
+if os.path.exists(ckpt):
+    state = json.load(open(ckpt))
+    step, weights = state["step"], state["weights"]
+    print(f"resumed at step {step}", flush=True)
+while step < STEPS:
+    if why:
+        with open(ckpt + ".tmp", "w") as f:
+            json.dump({"step": step, "weights": weights}, f)
+        os.replace(ckpt + ".tmp", ckpt)
+        print(f"{why[0]}: checkpoint at step {step}", flush=True)
+        if rank == 0 and why[0] == "warning":
+            subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
+            print("requeued the job", flush=True)
+        sys.exit(0)
+    step += 1
+    weights = [w * 0.9 + 0.01 * step for w in weights]
+    distlab.report(step=step, attempt=attempt)
+    time.sleep(0.1)
+print("final", json.dumps(weights), flush=True)
+'''
+
+
 def reference_weights(steps: int) -> list[float]:
     weights = [1.0, -2.0, 0.5]
     for step in range(1, steps + 1):

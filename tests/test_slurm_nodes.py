@@ -166,3 +166,39 @@ def test_a_killed_kernel_leaves_neither_daemon_nor_node(tmp_path):
         time.sleep(0.2)
     assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
     assert not [p for p in holders if running(p)] and not folder.exists() and not door.exists()
+
+
+@pytest.mark.parametrize("how", ["torchrun, --signal=USR1@50", "tasks, --signal=B:USR1@50"])
+def test_the_time_limit_warning_checkpoints_requeues_and_resumes_on_two_nodes(cluster, how):
+    """The warning before the time limit, for real. torchrun mode: ``--signal=USR1@50`` with ``--time=1``,
+    which Slurm's controller sends to every process of the step 10 s or more into an attempt (it looks about
+    every 30 s): before the fix torchrun's agent died of SIGUSR1 and the job FAILED (and distlab's one-node
+    agent passed it on a second time). tasks mode: ``B:USR1``, sent to the batch script only, which had no
+    trap and died; here the test sends it (``scancel --batch --signal=USR1``, what Slurm does at that time)
+    so as not to wait for the controller twice. Either way the ranks checkpoint, rank 0 requeues the job,
+    and each new attempt resumes where its rank stopped."""
+    mode, signal = how.split(", --signal=")
+    work = cluster.workdir()
+    (work / "warned.py").write_text(slurm_jobs.WARNED)
+    steps = 450 if mode == "torchrun" else 250  # 45 s of work: past the controller's first look
+    job = slurm.submit(work / "warned.py", [str(steps), str(work)], nodes=2, mode=mode, requeue=True,
+                       signal=signal, time_limit=1, workdir=work, join=False)
+    if signal.startswith("B:"):
+        job.watch(until=lambda: (job.latest("step") or 0) >= 20, view=None)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", str(job.id)], check=True)
+    res = job.join(view=None, timeout=240)
+    assert res.state == "COMPLETED" and res.attempts >= 2, (res.state, res.attempts)
+    for rank in (0, 1):
+        by_attempt = {}
+        for row in res.metrics[rank]:
+            by_attempt.setdefault(row["attempt"], []).append(row["step"])
+        attempts = sorted(by_attempt)
+        assert attempts == list(range(len(attempts))) and len(attempts) >= 2
+        for a, b in zip(attempts, attempts[1:], strict=False):  # each attempt takes up where the last stopped
+            assert by_attempt[b][0] == by_attempt[a][-1] + 1, (rank, by_attempt)
+        assert by_attempt[attempts[-1]][-1] == steps
+    assert "warning: checkpoint at step" in res.logs[0] and "requeued the job" in res.logs[0]
+    if signal.startswith("B:"):
+        assert "SIGUSR1 for the batch script, passed on to the ranks" in job.batch_log.read_text()
+    final = json.loads(res.logs[0].split("final ")[-1].splitlines()[0])
+    assert final == slurm_jobs.reference_weights(steps)

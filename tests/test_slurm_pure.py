@@ -451,3 +451,17 @@ def test_a_requeue_is_told_once_whether_or_not_a_poll_saw_the_job_wait(tmp_path,
     (tmp_path / "logs" / "attempt2").mkdir()
     watched._poll_state()
     assert [s for _, s in watched.history] == ["RUNNING", "REQUEUED", "REQUEUED", "RUNNING"]
+
+
+def test_a_batch_warning_signal_gets_a_trap_that_passes_it_on_and_the_script_waits_for_srun():
+    """``--signal=B:USR1@90`` reaches only the batch shell: without a trap bash dies of it, and the job too."""
+    text = spec.render(_spec(nodes=2, signal="B:USR1@90"), Path("/j"), Path("/l"))
+    _bash_ok(text)
+    lines = text.splitlines()
+    trap = next(line for line in lines if line.startswith("trap "))
+    assert trap.endswith("scancel --signal=USR1 \"$SLURM_JOB_ID\"' USR1")
+    srun = next(i for i, line in enumerate(lines) if line.startswith("srun "))
+    assert lines.index(trap) < srun  # set before srun starts
+    assert lines[lines.index("srun_pid=$!") - 1].endswith(" &") and lines[-1] == 'exit "$status"'
+    plain = spec.render(_spec(nodes=2, signal="USR1@90"), Path("/j"), Path("/l"))
+    assert "trap " not in plain and "srun_pid" not in plain  # sent to the ranks themselves: nothing to pass on

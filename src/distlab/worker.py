@@ -51,7 +51,8 @@ def _install(run: dict) -> None:
     rank = rank_from_env()
     os.dup2(sys.stdout.fileno(), sys.stderr.fileno())  # one log per rank, prints and tracebacks in order
     stacks = open_private(_folder().stack(rank), "w")  # kept open for the signal handler
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    for sig in STACK_SIGNALS:
+        faulthandler.register(sig, file=stacks, all_threads=True)
     write_private(_folder().ready(rank), str(os.getpid()))  # SIGUSR1 is safe from now on
     die_with_parent(run["parent_pid"])
     from distlab.rendezvous import retired_groups
@@ -61,6 +62,11 @@ def _install(run: dict) -> None:
         os.environ.update(loopback_socket_vars(os.environ, loopback_interface()))
         _private_rendezvous(_folder(), int(os.environ["MASTER_PORT"]))
 
+
+#: what asks a rank for its stacks: SIGUSR1 from distlab's launchers; SIGWINCH in Slurm jobs, whose
+#: scripts often want SIGUSR1 for themselves (``--signal=USR1@90``: checkpoint before the time limit).
+#: SIGWINCH's default action is to do nothing, so no process of the job dies of it.
+STACK_SIGNALS = (signal.SIGUSR1, signal.SIGWINCH)
 
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 

@@ -112,6 +112,16 @@ def free_port(host: str, tries: int = 100, rng=None) -> int:
     raise SystemExit(f"distlab: no free port in {PORTS.start}-{PORTS.stop - 1} on {host} after {tries} tries")
 
 
+def keep_warning_signals() -> None:
+    """torchrun's agent has no handler for SIGUSR1/SIGUSR2 and would die of them (and its ranks with it)
+    when Slurm sends the job's warning (``--signal=USR1@90``) to every process of the step. The ranks get
+    the signal from Slurm themselves; the agent only has to live through it."""
+    import signal
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, f: None)  # not SIG_IGN, which the ranks would inherit
+
+
 def main(argv: list[str]) -> None:
     what, rest = argv[0], argv[1:]
     if what == "port":
@@ -120,6 +130,7 @@ def main(argv: list[str]) -> None:
         from torch.distributed.run import main as torchrun
 
         patch_torchrun()
+        keep_warning_signals()
         sys.argv = ["torchrun", *rest]
         torchrun(rest)
     elif what == "start":

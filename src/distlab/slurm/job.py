@@ -6,12 +6,14 @@ lines into the cell (``[rank1] ...``), prints each change of the job's state (``
 and the batch script's own output (``[batch] ...``), then returns a :class:`SlurmResult` or raises.
 Kernel > Interrupt while watching cancels the job (``scancel``) and waits until it has left the
 queue; ``timeout`` (seconds of *running*, not of waiting in the queue) first asks every rank for its
-stack (SIGUSR1, which distlab's worker runtime answers with a faulthandler dump) and then cancels.
+stack (SIGWINCH, which distlab's worker runtime answers with a faulthandler dump: SIGUSR1 and SIGUSR2 are left
+to the job's own code, e.g. ``--signal=USR1@90``) and then cancels.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,10 @@ from .errors import (
     SlurmTimeoutError,
 )
 from .layout import META, batch_log, exit_file
+
+#: what asks a Slurm job's ranks for their stacks (distlab.worker.STACK_SIGNALS; not imported: the worker
+#: runtime is the ranks' side)
+STACK_SIGNAL = signal.SIGWINCH
 
 POLL_S = 0.1
 STACK_WAIT_S = 2.0
@@ -203,7 +209,8 @@ class SlurmJob:
             view.metric(rank, row)
 
     def _time_out(self, view, timeout: float):
-        commands.scancel(self.id, signal="USR1")  # every rank dumps its stack (faulthandler)
+        # every rank dumps its stack (faulthandler; not SIGUSR1, which the job's own code may want)
+        commands.scancel(self.id, signal=str(int(STACK_SIGNAL)))
         started = [r for r in range(self.world_size) if self.folder.ready(r).exists()]
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline and not all(_nonempty(self.folder.stack(r)) for r in started):

@@ -17,11 +17,11 @@ share). For each rank it
    ``pytorch-errorfile-*.pickle`` is read back by its launcher, so it must never sit in a shared
    ``/tmp``): ``tmp/attempt<k>-rank<r>`` in the run folder, 0700;
 4. starts the rank as ``python -m distlab.launch.rank`` (distlab's worker runtime: stack dumps on
-   SIGUSR1, return values and ``report()`` rows into the run folder, TARGET run as ``__main__``;
+   SIGUSR1 or SIGWINCH, return values and ``report()`` rows into the run folder, TARGET run as ``__main__``;
    on several nodes through :mod:`distlab.slurm.bound`, rank 0's store bound to MASTER_ADDR's address)
    with stdout and stderr going to ``logs/attempt<SLURM_RESTART_COUNT>/rank<RANK>.out`` (0600):
    a requeued job writes a new attempt;
-5. waits for it, passing on SIGTERM/SIGINT/SIGHUP (and, as the agent, SIGUSR1/SIGUSR2), and writes its
+5. waits for it, passing on SIGTERM/SIGINT/SIGHUP (SIGUSR1/SIGUSR2 reach the ranks from Slurm), and writes its
    exit code to ``rank<RANK>.exit``. The agent stops the node's other ranks once one fails.
 
 Only the standard library and :mod:`distlab.folders.runfolder` are imported: this process stays small.
@@ -42,7 +42,10 @@ from distlab.folders.runfolder import RunFolder
 from .layout import exit_file, rank_run_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-IGNORED_HERE = (signal.SIGUSR1, signal.SIGUSR2)  # meant for the rank (stack dumps, the job's own handlers)
+#: meant for the ranks (the job's own handlers, e.g. ``--signal=USR1@90``), which Slurm signals themselves:
+#: it signals every process of a step. Passed on as well, a rank would get them twice; not handled,
+#: this process would die of them and take its ranks along.
+IGNORED_HERE = (signal.SIGUSR1, signal.SIGUSR2)
 PLACEHOLDER_PORT = "1"  # distlab.rendezvous.loopback.PLACEHOLDER_PORT: nothing listens (not imported: stays small)
 STOP_GRACE_S = 5.0
 
@@ -140,11 +143,10 @@ def main(argv: list[str]) -> int:
     else:
         ranks = [base | agent_environment(i, nproc) for i in range(nproc)]
     children = {int(env["RANK"]): start_rank(folder, attempt_dir, attempt, run, env, argv) for env in ranks}
-    forwarded = FORWARDED + (IGNORED_HERE if nproc is not None else ())
-    for sig in forwarded:
+    for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: [c.send_signal(s) for c in children.values() if c.poll() is None])
-    for sig in set(IGNORED_HERE) - set(forwarded):
-        signal.signal(sig, lambda s, _f: None)
+    for sig in IGNORED_HERE:
+        signal.signal(sig, lambda s, _f: None)  # a handler, not SIG_IGN: the ranks start with the default
     codes = wait_all(children, lambda rank, code: write_private(exit_file(attempt_dir, rank), str(code)))
     first = next((c for c in codes if c != 0), 0)
     return exit_status(first)

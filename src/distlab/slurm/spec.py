@@ -244,4 +244,30 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
         lines += ["export MASTER_ADDR=\"$head_node\" MASTER_PORT=\"$port\"   # init_process_group's env://",
                   "# distlab.slurm.rank sets RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
                   f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.rank {command}"]
+    if spec.signal and spec.signal.startswith("B:"):
+        lines = _in_background(lines, spec.signal)
     return "\n".join(lines) + "\n"
+
+
+def _in_background(lines: list[str], signal: str) -> list[str]:
+    """``--signal=B:SIG@T`` signals only the batch shell, and a bash that has no trap for it dies of it (and
+    the job with it). So the srun line runs in the background, the trap passes the signal on to every
+    process of the job's steps (as ``--signal=SIG@T`` would have), and the script waits for srun."""
+    name = signal.removeprefix("B:").split("@")[0].removeprefix("SIG")
+    start = max(i for i, line in enumerate(lines) if line.startswith("srun "))
+    end = start
+    while lines[end].endswith("\\"):
+        end += 1
+    return [*lines[:start],
+            f"# --signal=B:{name}: only this script gets it; pass it on to the ranks instead of dying of it",
+            f"trap 'echo \"distlab: SIG{name} for the batch script, passed on to the ranks\"; "
+            f"scancel --signal={name} \"$SLURM_JOB_ID\"' {name}",
+            *lines[start:end], lines[end] + " &",
+            "srun_pid=$!",
+            "wait \"$srun_pid\"; status=$?",
+            "# woken by the trap (status > 128) while srun runs on: wait again",
+            "while [ \"$status\" -gt 128 ] && kill -0 \"$srun_pid\" 2>/dev/null; do",
+            "    wait \"$srun_pid\"; status=$?",
+            "done",
+            "exit \"$status\"",
+            *lines[end + 1:]]

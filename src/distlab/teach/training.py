@@ -418,10 +418,14 @@ SLURM_TEMPLATE = """#!/bin/bash
 
 # The first node of the allocation hosts the c10d rendezvous.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# Since Slurm 22.05 srun does not pass --cpus-per-task on to its tasks: say it again.
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
-srun torchrun \\
+# No --node-rank: c10d numbers the nodes. ("$SLURM_NODEID" on this line would be expanded once,
+# here on the first node, and give every node 0.) --kill-on-bad-exit: a node whose torchrun
+# fails ends the others now, not at NCCL's timeout.
+srun --kill-on-bad-exit=1 torchrun \\
     --nnodes "$SLURM_NNODES" \\
-    --node-rank "$SLURM_NODEID" \\
     --nproc-per-node {gpus} \\
     --rdzv-backend c10d \\
     --rdzv-endpoint "$head_node:{port}" \\
