@@ -42,7 +42,10 @@ class CollectiveBytes(TorchDispatchMode):
     Why a dispatch mode: FSDP2, tensor parallelism (DTensor), pipelining and Python comm hooks
     each issue their collectives differently, but all of them end up as ``c10d`` or
     ``_c10d_functional`` operators, which a mode sees (DDP's reducer too: its all-reduce is a
-    ``c10d.allreduce_`` call on the thread that runs backward).
+    ``c10d.allreduce_`` call on the thread that runs backward). Not seen: what DTensor issues while
+    it handles an operator itself (``loss_parallel``'s all-reduces, a norm of sharded gradients):
+    a mode is switched off inside its own ``__torch_dispatch__``, so the operator it passed on runs
+    without it; count those with ``torch.distributed.tensor.debug.CommDebugMode``.
     """
 
     def __init__(self):
