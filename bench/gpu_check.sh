@@ -13,7 +13,11 @@
 #   ddp_train_2ranks   `python ddp_train.py --world-size 2`: NCCL on 2 GPUs when there are 2, else gloo on CPU
 #   chapters_cuda      every chapter, executed as the test suite does (solutions included), with
 #                      DISTLAB_DEVICE=cuda: every rank on a GPU through gloo (all on cuda:0 with one GPU);
-#                      needs nbclient, ipykernel, matplotlib, psutil, tqdm (and deepspeed for chapter 8)
+#                      needs nbclient, ipykernel, matplotlib, psutil, tqdm (and deepspeed for chapter 8).
+#                      GPU-only branches it takes: chapter 11's TF32 cell (on cuda:0, "high" must move an fp32
+#                      product >10x further from float64 than "highest" on compute capability >= 8.0) and its
+#                      deterministic-mode cell (CUDA put_ refused, torch.empty NaN-filled); chapter 12's
+#                      resumed run, whose dropout draws on the CUDA generator that AppState saves and restores
 # The two-GPU NCCL path is only exercised when the machine has >= 2 GPUs. The whole script is meant to finish
 # within 10 minutes on one GPU: GPU_CHECK_LIMIT_S bounds each check (240 s), GPU_CHECK_CHAPTERS_S the chapters
 # (420 s). GPU_CHECK_ONLY=name[,name] runs only those checks.

@@ -245,3 +245,37 @@ def test_map_messages_are_what_each_collective_carries():
     fsdp_part = beyond.wire_bytes({"all_gather": 8 * tp, "reduce_scatter": 4 * tp}, 4)
     assert eight["FSDP2 x TP"].wire == pytest.approx(fsdp_part + beyond.wire_bytes({"all_reduce": 7 * 128}, 2))
     assert eight["FSDP2 x PP"].messages == {"all_gather": 4000, "reduce_scatter": 2000, "send": 128, "recv": 128}
+
+
+def _sharded_blocks(depth=3):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(depth)])
+    mesh = init_device_mesh("cpu", (1,))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def test_gathered_blocks_counts_fsdp2s_default_and_explicit_prefetch():
+    with single_rank_group():
+        model = _sharded_blocks()
+        gathered = beyond.GatheredBlocks(model)
+        for _ in range(2):
+            gathered.clear()
+            model(torch.randn(4, 8)).sum().backward()
+        assert (gathered.forward, gathered.backward) == ([1, 1, 1], [2, 2, 1])   # backward prefetches one block
+        blocks = list(model)
+        for i, block in enumerate(blocks[:-1]):
+            block.set_modules_to_forward_prefetch([blocks[i + 1]])
+        blocks[2].set_modules_to_backward_prefetch([blocks[1], blocks[0]])
+        gathered.clear()
+        model(torch.randn(4, 8)).sum().backward()
+        assert (gathered.forward, gathered.backward) == ([2, 2, 1], [3, 2, 1])
+        gathered.remove()
+        gathered.clear()
+        model(torch.randn(4, 8)).sum().backward()
+        assert gathered.forward == gathered.backward == []
