@@ -358,3 +358,16 @@ def test_kernel_device_takes_the_world_size(monkeypatch):
     assert str(distlab.device(0)) == "cuda:0" and str(distlab.device(0, 2)) == "cpu"
     monkeypatch.setenv("DISTLAB_DEVICE", "cuda")
     assert str(distlab.device(1, 2)) == "cuda:0" and distlab.backend(2) == "gloo"
+
+
+def test_a_slurm_task_that_sees_fewer_gpus_than_its_nodes_ranks_is_an_error_not_the_cpu():
+    from distlab.config import gpu_binding_problem
+
+    slurm = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "3"}
+    what, hint = gpu_binding_problem(2, 4, 1, slurm)
+    assert "local rank 2 of the 4 ranks on this node sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=3)" in what
+    assert "--gpus-per-node=4" in hint and "DISTLAB_DEVICE=cuda" in hint
+    assert gpu_binding_problem(2, 4, 4, slurm) is None                      # one GPU per rank: fine
+    assert gpu_binding_problem(2, 4, 0, slurm) is None                      # no GPU: the CPU, as everywhere
+    assert gpu_binding_problem(1, 2, 1, {"CUDA_VISIBLE_DEVICES": "0"}) is None  # a 1-GPU laptop: the CPU
+    assert gpu_binding_problem(2, 4, 1, {**slurm, "DISTLAB_DEVICE": "cuda"}) is None  # asked for cuda:0

@@ -117,6 +117,20 @@ def test_device_and_backend_with_gpus(ns, monkeypatch, gpus, local_rank, local_w
     assert ns["device_and_backend"](local_rank, local_world) == expected
 
 
+def test_a_slurm_task_bound_to_fewer_gpus_than_its_nodes_ranks_fails_instead_of_training_on_the_cpu(ns, monkeypatch):
+    """--gpus-per-task=1 / --gpu-bind: each task sees one GPU, 4 ranks on the node: the script said "gloo on
+    the CPU" and trained there, slowly and silently."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    with pytest.raises(SystemExit, match=r"local rank 1: 4 ranks on this node but 1 GPU\(s\) visible "
+                                         r"\(CUDA_VISIBLE_DEVICES=2\); ask for --gpus-per-node=4"):
+        ns["device_and_backend"](1, 4)
+    monkeypatch.delenv("SLURM_JOB_ID")  # outside Slurm (a 1-GPU laptop) the CPU stays the answer
+    assert ns["device_and_backend"](1, 4) == (torch.device("cpu"), "gloo")
+
+
 def test_free_port_can_be_bound(ns):
     import socket
 

@@ -215,7 +215,25 @@ def device(rank: int | None = None, world_size: int | None = None):
     local = int(os.environ.get("LOCAL_RANK", "0")) if rank is None else int(rank)
     if world_size is None:
         world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", local + 1)))
-    return torch.device(choose_device(local, world_size, cuda_device_count()))
+    gpus = cuda_device_count()
+    problem = gpu_binding_problem(local, world_size, gpus, os.environ)
+    if problem:
+        raise LaunchArgumentError("device", f"{gpus} GPU(s)", problem[0], problem[1])
+    return torch.device(choose_device(local, world_size, gpus))
+
+
+def gpu_binding_problem(local_rank: int, local_world: int, gpus: int, environ) -> tuple[str, str] | None:
+    """(what is wrong, what to do) when a Slurm task sees some GPUs but fewer than its node's ranks, which
+    ``--gpus-per-task`` / ``--gpu-bind`` do (each task sees only its own GPU, always ``cuda:0``): the
+    "auto" rule would put every rank on the CPU, silently. None otherwise. Pure."""
+    if not 0 < gpus < local_world or "SLURM_JOB_ID" not in environ or device_mode(environ) != "auto":
+        return None
+    seen = environ.get("CUDA_VISIBLE_DEVICES", "?")
+    return (f"local rank {local_rank} of the {local_world} ranks on this node sees {gpus} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={seen}): it would train on the CPU",
+            f"Ask Slurm for --gpus-per-node={local_world} with no per-task GPU binding (torchrun then gives "
+            "each rank cuda:<local rank>), or, bound one GPU per task, use cuda:0 in every rank "
+            "(DISTLAB_DEVICE=cuda).")
 
 
 def backend(world_size: int | None = None) -> str:

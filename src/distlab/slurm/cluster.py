@@ -108,10 +108,15 @@ class LocalCluster:
     def as_job_user(self) -> dict:
         """``subprocess`` arguments that run a command (``sbatch`` typed by hand) as the job user: root may
         not submit to this cluster (``DisableRootJobs``)."""
-        if self.nodes is not None:  # the login node's commands enter it as root, then become the job user
-            return {"env": {**self.env, login.AS_USER: self.user}}
+        from .jobuser import job_environment
+
         pw = pwd.getpwnam(self.user)
-        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        # what sbatch passes on to the job: the job user's names, none of root's private folders (root's
+        # TORCHINDUCTOR_CACHE_DIR made the job's `import distlab` fail: Permission denied)
+        env = job_environment(self.env, pw, Path(pw.pw_dir or "/"))
+        if self.nodes is not None:  # the login node's commands enter it as root, then become the job user
+            return {"env": {**env, login.AS_USER: self.user}}
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "env": env}
 
     def workdir(self, prefix: str = "work-") -> Path:
         """A fresh working folder that the job user owns (0700) and root may use: for scripts, data and

@@ -197,8 +197,11 @@ def _rendezvous_lines(spec: JobSpec) -> list[str]:
             "# (this script runs on that node), bound to its address only. Several nodes: the cluster's",
             "# network must be trusted (torch's stores have no authentication).",
             "head_node=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
+            "# its address as Slurm knows it (NodeAddr): a node's short name need not resolve on the others",
+            "head_addr=$(scontrol show node -o \"$head_node\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')",
+            "head_addr=${head_addr:-$head_node}",
             "# (a port below the ephemeral range, where srun takes its own: distlab.slurm.bound.free_port)",
-            f"port=$({_python(spec)} -m distlab.slurm.bound port \"$head_node\")"]
+            f"port=$({_python(spec)} -m distlab.slurm.bound port \"$head_addr\")"]
 
 
 def _python(spec: JobSpec) -> str:
@@ -238,10 +241,10 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
                   "# --kill-on-bad-exit: an agent that fails ends the others now, not at a collective's timeout.",
                   f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.bound torchrun \\",
                   f"    --nnodes \"$SLURM_NNODES\" --nproc-per-node {spec.ranks_per_node} \\",
-                  "    --rdzv-backend c10d --rdzv-endpoint \"$head_node:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",
+                  "    --rdzv-backend c10d --rdzv-endpoint \"$head_addr:$port\" --rdzv-id \"$SLURM_JOB_ID\" \\",
                   f"    -m distlab.slurm.rank {command}"]
     else:
-        lines += ["export MASTER_ADDR=\"$head_node\" MASTER_PORT=\"$port\"   # init_process_group's env://",
+        lines += ["export MASTER_ADDR=\"$head_addr\" MASTER_PORT=\"$port\"   # init_process_group's env://",
                   "# distlab.slurm.rank sets RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
                   f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.rank {command}"]
     if spec.signal and spec.signal.startswith("B:"):

@@ -62,3 +62,44 @@ def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
                           "Hint: scontrol show hostnames expands the list, one host per line.")
     print(f"correct: MASTER_ADDR={first}")
     return True
+
+
+# --- chapter 13: a plain batch script, run here in its CPU form ----------------------------------
+
+def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1) -> str:
+    """The GPU batch script of chapter 13 as this CPU cluster runs it. Exactly these lines change: no GPUs
+    asked for (``--gpus-per-node``), a fixed ``--nproc-per-node`` for ``$SLURM_GPUS_ON_NODE`` (unset without
+    GPUs), the cores this machine has, the software environment (``environment``: the job user's Python
+    instead of ``source .../activate``) and ``python -m torch.distributed.run``, which is what the
+    ``torchrun`` command runs (the notebook's ``torchrun`` script is in a virtual environment the job user
+    may not enter). Pure."""
+    out = []
+    for line in gpu_script.splitlines():
+        if line.startswith("#SBATCH --gpus-per-node"):
+            out.append("# (no GPUs here: " + line.split("#", 2)[1].strip() + ")")
+        elif line.startswith("#SBATCH --cpus-per-task"):
+            out.append(f"#SBATCH --cpus-per-task={ranks_per_node}")
+        elif line.lstrip().startswith("source "):
+            out.extend(environment)
+        else:
+            line = line.replace('--nproc-per-node "$SLURM_GPUS_ON_NODE"', f"--nproc-per-node {ranks_per_node}")
+            out.append(line.replace("srun --kill-on-bad-exit=1 torchrun",
+                                    "srun --kill-on-bad-exit=1 python -m torch.distributed.run"))
+    return "\n".join(out) + "\n"
+
+
+def job_environment_lines(cluster) -> list[str]:
+    """``export`` lines that give the cluster's job user this notebook's Python, torch and distlab."""
+    import pwd
+    import shlex
+    from pathlib import Path
+
+    import distlab
+    from distlab.slurm import jobuser
+
+    python, sites = jobuser.job_python(pwd.getpwnam(cluster.user))
+    paths = [str(Path(distlab.__file__).resolve().parents[1]), *sites]
+    link = Path(cluster.workdir("bin-")) / "python"
+    link.symlink_to(python)  # `python` on PATH is the job user's
+    return [f"export PATH={shlex.quote(str(link.parent))}:\"$PATH\"   # this cluster's stand-in for the venv",
+            f"export PYTHONPATH={shlex.quote(':'.join(paths))}"]
