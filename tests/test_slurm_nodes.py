@@ -204,3 +204,16 @@ def test_the_time_limit_warning_checkpoints_requeues_and_resumes_on_two_nodes(cl
         assert "SIGUSR1 for the batch script, passed on to the ranks" in job.batch_log.read_text()
     final = json.loads(res.logs[0].split("final ")[-1].splitlines()[0])
     assert final == slurm_jobs.reference_weights(steps)
+
+
+@pytest.mark.parametrize("mode", ["tasks", "torchrun"])
+def test_a_rank_that_dies_on_one_node_ends_the_other_node_at_once(cluster, mode):
+    """Rank 1 (node1) fails, rank 0 (node0) sleeps 60 s: srun --kill-on-bad-exit ends it (tasks: the rank's
+    task; torchrun: node1's agent exits with the failure, and srun ends node0's agent)."""
+    t0 = time.monotonic()
+    with pytest.raises(slurm.SlurmJobFailedError) as info:
+        slurm.submit(slurm_jobs.fail_on_rank1, nodes=2, mode=mode, view=None)
+    e = info.value
+    assert e.rank == 1 and "ValueError: rank 1 gives up" in str(e)
+    assert e.result.exit_codes[1] == 1 and e.result.exit_codes[0] not in (0, None)
+    assert time.monotonic() - t0 < 45, "the rank on node0 (sleeping 60 s) was not stopped"
