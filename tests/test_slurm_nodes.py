@@ -145,23 +145,28 @@ def test_a_requeued_two_node_job_resumes(cluster):
     assert f"resumed at step {saved['step']}" in res.logs[1]
 
 
-def test_a_killed_kernel_leaves_neither_daemon_nor_node(tmp_path):
+def test_a_killed_kernel_leaves_neither_daemon_nor_node(cluster, tmp_path):
     """The process that started a two-node cluster is killed (-9): the nodes' holders see their pipe
     close and take every process on the nodes with them (slurmctld, the slurmds), the watchdog stops
     munged and removes the folders."""
     import sys
 
+    # (this process's cluster runs: the subprocess inherits its PATH with the login shims first)
     code = ("import json, sys; from distlab import slurm; c = slurm.local_cluster(nodes=2); "
             "print(json.dumps([str(c.folder), sorted(c.nodes.holder_pids())]), flush=True); sys.stdin.read()")
     owner = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs")})
-    folder, holders = json.loads(owner.stdout.readline())
-    folder = Path(folder)
-    door = Path((folder / "door").read_text())
-    daemons = json.loads((folder / "daemons.json").read_text())
-    assert sorted(d["name"] for d in daemons) == ["munged", "slurmctld", "slurmd-node0", "slurmd-node1"]
-    owner.kill()
-    owner.wait()
+    try:
+        line = owner.stdout.readline()
+        assert line, "the cluster did not start (its error is in the captured stderr)"
+        folder, holders = json.loads(line)
+        folder = Path(folder)
+        door = Path((folder / "door").read_text())
+        daemons = json.loads((folder / "daemons.json").read_text())
+        assert sorted(d["name"] for d in daemons) == ["munged", "slurmctld", "slurmd-node0", "slurmd-node1"]
+    finally:
+        owner.kill()  # also when it failed: no process of this test may outlive it
+        owner.wait()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and (any(running(p) for p in [d["pid"] for d in daemons] + holders)
                                            or folder.exists() or door.exists()):

@@ -225,7 +225,7 @@ def test_a_cluster_on_nodes_has_a_slurmd_per_node_on_its_own_address(tmp_path):
 def test_login_shims_run_slurm_commands_on_the_login_node(tmp_path):
     from distlab.slurm import login
 
-    bin_dir = login.write_shims(tmp_path, 4242, "node0", which=lambda name: f"/usr/bin/{name}")
+    bin_dir = login.write_shims(tmp_path, 4242, "node0", which=lambda name, path: f"/usr/bin/{name}")
     sbatch = (bin_dir / "sbatch").read_text()
     assert "exec nsenter -t 4242 -n -- \"$real\" \"$@\"" in sbatch and "real=/usr/bin/sbatch" in sbatch
     assert '-S "$(id -u "$user")" -G "$(id -g "$user")"' in sbatch  # as the job user: enter, then become it
@@ -234,6 +234,24 @@ def test_login_shims_run_slurm_commands_on_the_login_node(tmp_path):
     assert done.returncode == 0, done.stderr
     path = login.with_bin_first({"PATH": f"/usr/bin:{bin_dir}"}, bin_dir)
     assert path == f"{bin_dir}:/usr/bin" and login.without_bin(path, bin_dir) == "/usr/bin"
+
+
+def test_a_second_clusters_shims_skip_the_first_clusters_shims_on_path(tmp_path):
+    """A subprocess of a notebook whose cluster runs on nodes inherits its PATH, login shims first: a cluster
+    it starts must call the real commands (its shims pointed at the first cluster's: its slurmctld 'did not
+    answer', its commands reached the other cluster)."""
+    from distlab.slurm import login
+
+    real = tmp_path / "usr"
+    real.mkdir()
+    (real / "sinfo").write_text("#!/bin/sh\n")
+    (real / "sinfo").chmod(0o755)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = login.write_shims(tmp_path / "a", 11, "node0", path=str(real))
+    second = login.write_shims(tmp_path / "b", 22, "node0", path=f"{first}:{real}")
+    text = (second / "sinfo").read_text()
+    assert f"real={real}/sinfo" in text and "-t 22 " in text and str(first) not in text
 
 
 @pytest.mark.parametrize("nodes", ["two", 0, True, 11])

@@ -133,6 +133,23 @@ class LocalCluster:
             env["PATH"] = login.with_bin_first(env, self.folder / "bin")
         return env
 
+    def environment_lines(self) -> list[str]:
+        """``export`` lines for a batch script written by hand that give the job user this notebook's Python,
+        torch and distlab, as distlab's own scripts do (the notebook's virtual environment may be where the
+        job user cannot go: then the system's Python of the same version with the notebook's packages)."""
+        import shlex
+
+        import distlab
+
+        from .jobuser import job_python
+
+        python, sites = job_python(pwd.getpwnam(self.user))
+        paths = [str(Path(distlab.__file__).resolve().parents[1]), *sites]
+        link = self.workdir("bin-") / "python"
+        link.symlink_to(python)  # `python` on the job's PATH is one the job user may run
+        return [f"export PATH={shlex.quote(str(link.parent))}:\"$PATH\"   # this cluster's stand-in for the venv",
+                f"export PYTHONPATH={shlex.quote(':'.join(paths))}"]
+
     @property
     def hosts(self) -> list[str]:
         """The compute nodes' names (``node0``, ``node1``... on nodes; this host's name otherwise)."""

@@ -48,17 +48,39 @@ def shim_text(name: str, real: str, pid: int, host: str) -> str:
     return SHIM.format(name=name, real=shlex.quote(real), pid=int(pid), host=host, as_user=AS_USER)
 
 
-def write_shims(folder: Path, pid: int, host: str, which=shutil.which) -> Path:
+def is_shim(path: str) -> bool:
+    """A script of this module's (another cluster's login node: a subprocess of a notebook whose cluster
+    runs on nodes inherits its PATH)."""
+    try:
+        with open(path, "rb") as f:
+            return b"# distlab: `" in f.read(200)
+    except OSError:
+        return False
+
+
+def real_command(name: str, path: str, which=shutil.which) -> str | None:
+    """``name`` on ``path``, skipping every folder of login shims: a shim that pointed at another cluster's
+    shim would send this cluster's commands to that cluster's controller."""
+    dirs = [d for d in path.split(os.pathsep) if d]
+    while True:
+        found = which(name, path=os.pathsep.join(dirs))
+        if found is None or not is_shim(found):
+            return found
+        dirs = [d for d in dirs if os.path.realpath(d) != os.path.realpath(os.path.dirname(found))]
+
+
+def write_shims(folder: Path, pid: int, host: str, which=shutil.which, path: str | None = None) -> Path:
     """Write ``folder/bin`` (0700) with one script per Slurm command found on PATH; returns it."""
     bin_dir = Path(folder) / "bin"
     bin_dir.mkdir(mode=0o700, exist_ok=True)
+    search = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/usr/bin" if path is None else path
     for name in COMMANDS:
-        real = which(name)
-        if real is None or Path(real).parent == bin_dir:
+        real = real_command(name, search, which)
+        if real is None:
             continue
-        path = bin_dir / name
-        path.write_text(shim_text(name, real, pid, host))
-        path.chmod(0o700)
+        shim = bin_dir / name
+        shim.write_text(shim_text(name, real, pid, host))
+        shim.chmod(0o700)
     return bin_dir
 
 

@@ -87,19 +87,3 @@ def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1) -
                                     "srun --kill-on-bad-exit=1 python -m torch.distributed.run"))
     return "\n".join(out) + "\n"
 
-
-def job_environment_lines(cluster) -> list[str]:
-    """``export`` lines that give the cluster's job user this notebook's Python, torch and distlab."""
-    import pwd
-    import shlex
-    from pathlib import Path
-
-    import distlab
-    from distlab.slurm import jobuser
-
-    python, sites = jobuser.job_python(pwd.getpwnam(cluster.user))
-    paths = [str(Path(distlab.__file__).resolve().parents[1]), *sites]
-    link = Path(cluster.workdir("bin-")) / "python"
-    link.symlink_to(python)  # `python` on PATH is the job user's
-    return [f"export PATH={shlex.quote(str(link.parent))}:\"$PATH\"   # this cluster's stand-in for the venv",
-            f"export PYTHONPATH={shlex.quote(':'.join(paths))}"]
