@@ -85,18 +85,23 @@ def test_quantile_and_cycles():
     assert network.cycle_times([1, 2], 1) == [1, 2]
 
 
-def test_step_summary_splits_compute_and_waiting():
-    runs = {"compute only": {"times": [9, 0.1, 0.1, 0.1], "sent": [0, 0, 0, 0], "losses": [1, 0.5]},
-            "DDP": {"times": [9, 0.4, 0.4, 0.4], "sent": [4e6] * 4, "losses": [1, 0.5]},
-            "no_sync": {"times": [9, 9, 0.1, 0.3, 0.1, 0.3], "sent": [0, 4e6] * 3, "losses": [1, 0.6], "k": 2}}
-    out = network.step_summary(runs, base_s=0.1, skip=2)
-    assert out["compute only"]["step_s"] == pytest.approx(0.1)   # the warm-up step was left out
-    assert out["DDP"]["waiting_s"] == pytest.approx(0.3) and out["DDP"]["vs_compute"] == pytest.approx(4)
+def test_paired_summary_splits_compute_and_waiting():
+    node0 = {"compute only": {"times": [9, 0.1, 0.1, 0.2], "sent": [0, 0, 0, 0], "losses": [1, 0.5]},
+             "DDP": {"times": [9, 0.4, 0.4, 0.8], "sent": [4e6] * 4, "losses": [1, 0.5]},
+             "no_sync": {"times": [9, 0.1, 0.3, 0.6], "sent": [0, 0, 4e6, 0], "losses": [1, 0.6], "k": 2}}
+    node1 = {"compute only": {"times": [9, 0.1, 0.1, 0.1], "sent": [0] * 4, "losses": [1]}}
+    out = network.paired_summary({0: node0, 1: node1}, "compute only", skip=1)
+    # round 3 was twice as slow for everything on node0: the ratios stay 1 and 4
+    assert out["compute only"]["vs_compute"] == pytest.approx(1)
+    assert out["DDP"]["vs_compute"] == pytest.approx(4)
+    assert out["DDP"]["step_s"] == pytest.approx(0.4) and out["DDP"]["waiting_s"] == pytest.approx(0.3)
     assert out["DDP"]["mb_per_step"] == pytest.approx(4)
-    assert out["no_sync"]["step_s"] == pytest.approx(0.2)        # per micro-step, over whole cycles
-    assert out["no_sync"]["mb_per_step"] == pytest.approx(2)
+    assert out["no_sync"]["vs_compute"] == pytest.approx(2)        # one cycle: (0.1 + 0.3) / (0.1 + 0.1)
     assert out["no_sync"]["loss"] == 0.6
-    assert network.step_of(runs["DDP"], skip=1) == pytest.approx(0.4)
+    slower1 = {"compute only": {"times": [9, 0.2, 0.2, 0.2], "sent": [0] * 4, "losses": [1]}}
+    assert network.paired_summary({0: node0, 1: slower1}, "compute only", skip=1)["DDP"]["vs_compute"] == \
+        pytest.approx(2)                                            # the floor is the slower node's compute
+    assert network.step_of(node0["DDP"], skip=1, q=0) == pytest.approx(0.4)
 
 
 def test_exercise_checks(capsys):

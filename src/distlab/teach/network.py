@@ -13,6 +13,7 @@ against lives here, so that unit tests can check it without starting anything:
 from __future__ import annotations
 
 import math
+import statistics
 
 MB = 2**20
 
@@ -145,18 +146,30 @@ def step_of(run: dict, skip: int = 0, q: float = 0.25) -> float:
     return quantile(cycle_times(run["times"][skip:], run.get("k", 1)), q)
 
 
-def step_summary(runs: dict[str, dict], base_s: float, skip: int = 0, q: float = 0.25) -> dict[str, dict]:
-    """Per configuration: its step (:func:`step_of`), the compute part (at most ``base_s``, the
-    compute-only step), the waiting (the rest), MB sent per step and the loss at the end.
+def paired_summary(by_rank: dict[int, dict[str, dict]], compute: str, rank: int = 0,
+                   skip: int = 0) -> dict[str, dict]:
+    """Per configuration, as node ``rank`` saw it: its step against the compute-only step, paired.
 
-    ``runs[name]``: ``times`` and ``sent`` (seconds and bytes per step), ``losses``, ``k``."""
+    The configurations took their steps in turn, so step ``i`` of each ran moments apart. A
+    synchronous step cannot be shorter than the slower node's computation, so the floor of round
+    ``i`` is the slowest rank's compute-only step ``i``. Each configuration's cycles (see
+    :func:`cycle_times`) are divided by the floor of the same rounds, and ``vs_compute`` is the
+    median of those ratios: a burst of other work on the machine slows a round's configurations
+    alike, and the median ignores the rounds it slowed unevenly. ``step_s`` is that ratio times the
+    median floor; ``waiting_s`` the part above the floor.
+
+    ``by_rank[r][name]``: ``times`` and ``sent`` (seconds and bytes per step), ``losses``, ``k``."""
+    floors = [max(t) for t in zip(*(runs[compute]["times"] for runs in by_rank.values()), strict=True)]
+    floor_s = statistics.median(floors[skip:])
     out = {}
-    for name, run in runs.items():
-        step = step_of(run, skip, q)
+    for name, run in by_rank[rank].items():
+        k = run.get("k", 1)
+        mine, base = cycle_times(run["times"][skip:], k), cycle_times(floors[skip:len(run["times"])], k)
+        ratio = statistics.median(m / b for m, b in zip(mine, base, strict=False))
+        step = ratio * floor_s
         sent = run["sent"][skip:]
-        out[name] = {"step_s": step, "compute_s": min(base_s, step), "waiting_s": max(0.0, step - base_s),
-                     "vs_compute": step / base_s, "mb_per_step": sum(sent) / len(sent) / 1e6,
-                     "loss": run["losses"][-1]}
+        out[name] = {"step_s": step, "compute_s": min(floor_s, step), "waiting_s": max(0.0, step - floor_s),
+                     "vs_compute": ratio, "mb_per_step": sum(sent) / len(sent) / 1e6, "loss": run["losses"][-1]}
     return out
 
 
