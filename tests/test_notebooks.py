@@ -97,5 +97,5 @@ def test_every_notebook_is_in_the_toc():
 def test_toc_lists_the_planned_chapters_in_order():
     planned = ["01_dp_vs_ddp", "02_setup_cleanup", "03_toy_model", "04_point_to_point", "05_collectives",
                "06_distributed_sampler", "07_two_gpu_training", "08_deepspeed", "09_failure_lab",
-               "10_performance_lab", "11_ddp_in_practice", "12_beyond_data_parallel", "13_slurm_cluster"]
+               "10_performance_lab", "11_ddp_in_practice", "12_beyond_data_parallel", "13_slurm_cluster", "14_network"]
     assert CHAPTERS == ["book/intro"] + [f"book/{p}" for p in planned]
