@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import time
 
 import torch
@@ -43,7 +44,7 @@ CONFIGS = {
 
 
 def law(rank, world_size, sizes, bits):
-    """Seconds and bytes sent per all-reduce of each size (back to back, see network.repeats)."""
+    """Seconds (median of back-to-back all-reduces, see network.repeats) and bytes sent per all-reduce."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     dist.all_reduce(torch.ones(1))
@@ -51,12 +52,13 @@ def law(rank, world_size, sizes, bits):
     for nbytes in sizes:
         tensor, reps = torch.ones(nbytes // 4), network.repeats(nbytes, bits)
         dist.barrier()
-        before, start = network.sent_bytes(), time.perf_counter()
+        before, took = network.sent_bytes(), []
         for _ in range(reps):
+            start = time.perf_counter()
             dist.all_reduce(tensor)
-        took = (time.perf_counter() - start) / reps
+            took.append(time.perf_counter() - start)
         dist.barrier()
-        out[nbytes] = (took, (network.sent_bytes() - before) / reps)
+        out[nbytes] = (statistics.median(took), (network.sent_bytes() - before) / reps)
     dist.destroy_process_group()
     return out
 
