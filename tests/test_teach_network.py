@@ -1,0 +1,122 @@
+"""Chapter 14's pure helpers: the bandwidth law, the kernel's counters, two-level byte counts,
+step statistics and the exercise checks. No process starts here."""
+import pytest
+
+from distlab.teach import network
+
+NET_DEV = "\n".join([  # /proc/net/dev as Linux writes it (two header lines, then one line per interface)
+    "Inter-|   Receive                                                |  Transmit",
+    " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier",
+    "    lo:     840     10    0    0    0     0          0         0      840      10    0    0    0     0       0  0",
+    "  eth0: 67240690 1854    0    0    0     0          0         0 67239511     1829    0    0    0     0       0  0",
+]) + "\n"
+
+
+def test_ring_bytes_is_two_n_minus_one_over_n():
+    assert network.ring_bytes(100, 1) == 0
+    assert network.ring_bytes(100, 2) == 100
+    assert network.ring_bytes(100, 4) == 150
+    assert network.ring_bytes(100, 32) == pytest.approx(2 * 31 / 32 * 100)
+    with pytest.raises(ValueError):
+        network.ring_bytes(100, 0)
+
+
+def test_bound_is_bytes_over_the_rate():
+    # the issue's figure: 100 MB of gradients, 1 Gbit/s, 2 ranks: 0.8 s
+    assert network.bound_s(100e6, 2, 1e9) == pytest.approx(0.8)
+    assert network.bound_s(64 * 2**20, 4, 1e9) == pytest.approx(1.5 * 64 * 2**20 * 8 / 1e9)
+
+
+def test_message_sizes_and_their_names():
+    sizes = network.message_sizes(4096, 64 * network.MB)
+    assert sizes[0] == 4096 and sizes[-1] == 64 * network.MB and len(sizes) == 8
+    assert all(b == 4 * a for a, b in zip(sizes, sizes[1:], strict=False))
+    names = [network.size_text(s) for s in (4096, network.MB, 64 * network.MB, 512)]
+    assert names == ["4 KB", "1 MB", "64 MB", "512 B"]
+
+
+def test_repeats_cover_the_token_buckets_burst():
+    bits = 1e9
+    burst = bits / 8 * 0.008  # 1 MB at 1 Gbit/s
+    assert network.repeats(4096, bits) == 20              # capped
+    assert network.repeats(network.MB, bits) * network.MB >= 15 * burst
+    assert network.repeats(64 * network.MB, bits) == 1
+
+
+def test_law_rows_set_measurements_beside_the_bound():
+    rows = network.law_rows({64 * network.MB: 0.56, 4096: 0.0007}, 2, 1e9)
+    assert [r["bytes"] for r in rows] == [4096, 64 * network.MB]          # sorted by size
+    assert rows[1]["fraction"] == pytest.approx(network.bound_s(64 * network.MB, 2, 1e9) / 0.56)
+    assert rows[0]["fraction"] < 0.1                                       # latency-bound
+    assert rows[1]["size"] == "64 MB"
+
+
+def test_net_dev_reads_each_interface(tmp_path):
+    counters = network.net_dev(NET_DEV)
+    assert set(counters) == {"lo", "eth0"}
+    assert counters["eth0"]["rx_bytes"] == 67240690 and counters["eth0"]["tx_bytes"] == 67239511
+    assert counters["eth0"]["tx_packets"] == 1829
+    path = tmp_path / "dev"
+    path.write_text(NET_DEV)
+    assert network.sent_bytes("eth0", str(path)) == 67239511
+    assert network.sent_bytes("lo", str(path)) == 840
+
+
+def test_sent_bytes_on_this_machine_reads_proc():
+    name = next(iter(network.net_dev(open("/proc/net/dev").read())))
+    assert network.sent_bytes(name) >= 0
+
+
+def test_two_levels_flat_against_hierarchical():
+    # 2 nodes x 2 ranks: the flat ring sends 1.5 S out of each node, the leaders' ring S
+    assert network.flat_link_bytes(100, 2, 2) == 150
+    assert network.hierarchical_link_bytes(100, 2) == 100
+    assert network.flat_link_bytes(100, 1, 8) == 0            # one node: nothing crosses a link
+    assert network.flat_link_bytes(100, 4, 8) == pytest.approx(2 * 31 / 32 * 100)
+
+
+def test_quantile_and_cycles():
+    assert network.quantile([5, 1, 3, 2, 4], 0) == 1
+    assert network.quantile([5, 1, 3, 2, 4], 0.5) == 3
+    assert network.quantile([5, 1, 3, 2, 4], 1) == 5
+    with pytest.raises(ValueError):
+        network.quantile([], 0.5)
+    assert network.cycle_times([1, 3, 1, 5, 9], 2) == [2, 3]   # the unfinished cycle is left out
+    assert network.cycle_times([1, 2], 1) == [1, 2]
+
+
+def test_paired_summary_splits_compute_and_waiting():
+    node0 = {"compute only": {"times": [9, 0.1, 0.1, 0.2], "sent": [0, 0, 0, 0], "losses": [1, 0.5]},
+             "DDP": {"times": [9, 0.4, 0.4, 0.8], "sent": [4e6] * 4, "losses": [1, 0.5]},
+             "no_sync": {"times": [9, 0.1, 0.3, 0.6], "sent": [0, 0, 4e6, 0], "losses": [1, 0.6], "k": 2}}
+    node1 = {"compute only": {"times": [9, 0.1, 0.1, 0.1], "sent": [0] * 4, "losses": [1]}}
+    out = network.paired_summary({0: node0, 1: node1}, "compute only", skip=1)
+    # round 3 was twice as slow for everything on node0: the ratios stay 1 and 4
+    assert out["compute only"]["vs_compute"] == pytest.approx(1)
+    assert out["DDP"]["vs_compute"] == pytest.approx(4)
+    assert out["DDP"]["step_s"] == pytest.approx(0.4) and out["DDP"]["waiting_s"] == pytest.approx(0.3)
+    assert out["DDP"]["mb_per_step"] == pytest.approx(4)
+    assert out["no_sync"]["vs_compute"] == pytest.approx(2)        # one cycle: (0.1 + 0.3) / (0.1 + 0.1)
+    assert out["no_sync"]["loss"] == 0.6
+    slower1 = {"compute only": {"times": [9, 0.2, 0.2, 0.2], "sent": [0] * 4, "losses": [1]}}
+    assert network.paired_summary({0: node0, 1: slower1}, "compute only", skip=1)["DDP"]["vs_compute"] == \
+        pytest.approx(2)                                            # the floor is the slower node's compute
+    assert network.step_of(node0["DDP"], skip=1, q=0) == pytest.approx(0.4)
+
+
+def test_exercise_checks(capsys):
+    assert network.check_cluster_step(None) is False
+    assert network.check_cluster_step(2 * 7 / 8 * 100e6 * 8 / 1e9)
+    with pytest.raises(AssertionError, match="sends the gradients once"):
+        network.check_cluster_step(0.8)
+    with pytest.raises(AssertionError):
+        network.check_cluster_step(1.0)
+    assert network.check_link_bytes(None) is False
+    assert network.check_link_bytes((2 * 31 / 32 * 100e6, 1.5 * 100e6))
+    with pytest.raises(AssertionError, match="flat"):
+        network.check_link_bytes((1.5 * 100e6, 1.5 * 100e6))
+    with pytest.raises(AssertionError, match="hierarchical"):
+        network.check_link_bytes((2 * 31 / 32 * 100e6, 100e6))
+    with pytest.raises(AssertionError, match="pair"):
+        network.check_link_bytes(3)
+    assert "correct" in capsys.readouterr().out
