@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -77,3 +78,13 @@ def start_mode(request, monkeypatch):
     interpreters (``DISTLAB_START`` is what ``start="auto"`` follows)."""
     monkeypatch.setenv("DISTLAB_START", request.param)
     return request.param
+
+
+@pytest.fixture(scope="module")
+def module_runs_root(tmp_path_factory):
+    """A private runs root (DISTLAB_RUNS) for a module's long-lived cluster, put back afterwards."""
+    root = tmp_path_factory.mktemp("runs")
+    os.chmod(root, 0o700)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DISTLAB_RUNS", str(root))
+        yield root

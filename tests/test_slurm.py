@@ -27,19 +27,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    os.chmod(root, 0o700)
-    old = os.environ.get("DISTLAB_RUNS")
-    os.environ["DISTLAB_RUNS"] = str(root)
+def cluster(module_runs_root):
     c = slurm.local_cluster(use_existing=False)  # ours: the tests drain nodes and count daemons
     yield c
     daemons = list(c.daemons)
     c.stop()
-    if old is None:
-        os.environ.pop("DISTLAB_RUNS", None)
-    else:
-        os.environ["DISTLAB_RUNS"] = old
     assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
     assert not _processes_of(c.folder, c.door), "a process of the cluster outlived it"
     assert not c.folder.exists(), "the stopped cluster's folder is left in the runs root"

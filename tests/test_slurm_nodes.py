@@ -18,7 +18,6 @@ import slurm_jobs
 from procs import running
 
 from distlab import slurm
-from distlab.slurm import login
 from distlab.teach import training
 
 pytestmark = pytest.mark.slow
@@ -36,23 +35,16 @@ dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    os.chmod(root, 0o700)
-    old, path = os.environ.get("DISTLAB_RUNS"), os.environ["PATH"]
-    os.environ["DISTLAB_RUNS"] = str(root)
+def cluster(module_runs_root):
+    path = os.environ["PATH"]
     c = slurm.local_cluster(nodes=2)
     yield c
     daemons, holders = list(c.daemons), c.nodes.holder_pids()
     c.stop()
-    if old is None:
-        os.environ.pop("DISTLAB_RUNS", None)
-    else:
-        os.environ["DISTLAB_RUNS"] = old
     assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
     assert c.nodes.closed and not [p for p in holders if running(p)], "the cluster's nodes outlived it"
     assert not c.folder.exists() and not c.door.exists()
-    assert os.environ["PATH"] == path and login.LOGIN not in os.environ, "stop() left the login shims on PATH"
+    assert os.environ["PATH"] == path, "stop() left the login shims on PATH"
 
 
 def _ranks(res) -> dict[int, tuple[str, str, str, int]]:

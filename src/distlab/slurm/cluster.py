@@ -113,9 +113,15 @@ class LocalCluster:
         pw = pwd.getpwnam(self.user)
         # what sbatch passes on to the job: the job user's names, none of root's private folders (root's
         # TORCHINDUCTOR_CACHE_DIR made the job's `import distlab` fail: Permission denied)
-        env = job_environment(self.env, pw, Path(pw.pw_dir or "/"))
-        if self.nodes is not None:  # the login node's commands enter it as root, then become the job user
+        return self.job_user_args(job_environment(self.env, pw, Path(pw.pw_dir or "/")))
+
+    def job_user_args(self, env: dict) -> dict:
+        """``subprocess`` arguments that run a Slurm command as the job user with ``env`` as its
+        environment: setuid on this host; on nodes the login node's script enters node0's network as root,
+        then becomes that user (:mod:`distlab.slurm.login`)."""
+        if self.nodes is not None:
             return {"env": {**env, login.AS_USER: self.user}}
+        pw = pwd.getpwnam(self.user)
         return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "env": env}
 
     def workdir(self, prefix: str = "work-") -> Path:
@@ -184,8 +190,6 @@ class LocalCluster:
                 os.environ["SLURM_CONF"] = self._old_conf
         if self.nodes is not None:
             os.environ["PATH"] = login.without_bin(os.environ.get("PATH", ""), self.folder / "bin")
-            if os.environ.get(login.LOGIN) == str(self.folder):
-                os.environ.pop(login.LOGIN, None)
         global _CURRENT
         if _CURRENT is self:
             _CURRENT = None
@@ -278,7 +282,6 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
     os.environ["SLURM_CONF"] = str(cluster.conf)
     if nodes is not None:
         os.environ["PATH"] = cluster.env["PATH"]
-        os.environ[login.LOGIN] = str(folder)
     atexit.register(cluster.stop)
     _CURRENT = cluster
     return cluster

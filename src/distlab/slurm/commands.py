@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from . import login
 from .errors import NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
 
 #: states after which a job never runs again (PREEMPTED without requeue included)
@@ -82,15 +81,12 @@ def partitions() -> list[str]:
     return sorted(set(run(["sinfo", "-h", "-o", "%R"]).stdout.split()))
 
 
-def sbatch(script, user=None, env=None) -> int:
+def sbatch(script, as_user: dict | None = None) -> int:
     """Submit; returns the job id. Run with umask 077: Slurm gives the job the submitter's umask.
-    ``user``: an account (``pwd`` entry) to submit as, with ``env`` as the job's environment."""
-    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [],
-                                       "env": env, "cwd": os.path.dirname(script)}
-    if user is not None and os.environ.get(login.LOGIN):  # a cluster on nodes: its login node's sbatch
-        as_user = {"env": {**(env or os.environ), login.AS_USER: user.pw_name, "PATH": os.environ["PATH"]},
-                   "cwd": os.path.dirname(script)}  # becomes the user itself (root may enter the node's network)
-    done = run(["sbatch", "--parsable", str(script)], check=False, umask=0o077, **as_user)
+    ``as_user``: ``subprocess`` arguments that submit as another account, in the script's folder
+    (:meth:`distlab.slurm.cluster.LocalCluster.job_user_args`)."""
+    where = {} if as_user is None else {**as_user, "cwd": os.path.dirname(script)}
+    done = run(["sbatch", "--parsable", str(script)], check=False, umask=0o077, **where)
     if done.returncode:
         raise SubmitError(SBATCH_FAILED.format(code=done.returncode, stderr=done.stderr.strip(), script=script))
     return int(done.stdout.strip().split(";")[0])

@@ -27,8 +27,6 @@ COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun", "salloc"
             "sprio", "sshare", "strigger")
 #: environment variable naming the user a shim runs its command as (set by ``as_job_user``)
 AS_USER = "DISTLAB_SLURM_AS"
-#: environment variable holding the login node's holder pid while a cluster on nodes runs
-LOGIN = "DISTLAB_SLURM_LOGIN"
 
 SHIM = """#!/bin/sh
 # distlab: `{name}` on the cluster's login node ({host}): its controller listens on the nodes' private network.

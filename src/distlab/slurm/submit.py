@@ -168,7 +168,8 @@ def _sbatch(folder: RunFolder, job: spec.JobSpec, returns: bool, account=None) -
         save_meta(folder, meta)
     else:  # root writes nothing into the folder once the job user has it: the record goes to the cluster's folder
         jobuser.hand_over(folder.path, account)
-        job_id = commands.sbatch(script, user=account, env=jobuser.job_environment(os.environ, account, folder.path))
+        env = jobuser.job_environment(os.environ, account, folder.path)
+        job_id = commands.sbatch(script, as_user=current_cluster().job_user_args(env))
         meta["job_id"] = job_id
         meta["run_dir"] = str(folder.path)
         jobuser.record(current_cluster().folder, meta)
