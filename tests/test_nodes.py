@@ -339,3 +339,32 @@ def test_hold_refuses_a_pid_that_is_not_the_starters_child():
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_an_interrupt_of_the_kernels_process_group_leaves_the_nodes_standing():
+    """Issue #52 item 1: Jupyter interrupts with killpg(SIGINT); the holders were in the kernel's group and
+    died of it, while Nodes still looked open."""
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import signal, sys
+        from distlab.nodes.cluster import Nodes
+        signal.signal(signal.SIGINT, lambda *a: print("interrupted", flush=True))
+        nodes = Nodes(2)
+        print(nodes._switch.pid, *nodes.pids, flush=True)
+        sys.stdin.readline()
+        print(nodes.alive(0), nodes.alive(1), nodes.run(1, "hostname").stdout.strip(), flush=True)
+        nodes.close()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC},
+        start_new_session=True)
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        os.killpg(kernel.pid, signal.SIGINT)
+        assert kernel.stdout.readline().strip() == "interrupted"
+        time.sleep(0.3)
+        assert all(running(p) for p in pids), "an interrupt ended the nodes"
+        kernel.stdin.write("\n")
+        kernel.stdin.flush()
+        assert kernel.stdout.readline().split() == ["True", "True", "node1"]
+        assert kernel.wait(timeout=20) == 0 and gone(pids)
+    finally:
+        kernel.kill()
+        kernel.wait()

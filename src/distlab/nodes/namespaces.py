@@ -123,8 +123,11 @@ def enter(h: held.Held, *, uts_and_mounts: bool = False) -> list[str]:
 
 
 def start_holder(name: str, argv: list[str], node: bool) -> tuple[subprocess.Popen, held.Held]:
-    """Start a holder; its namespaces held open once it is ready (see :mod:`distlab.nodes.held`)."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """Start a holder; its namespaces held open once it is ready (see :mod:`distlab.nodes.held`). In a
+    session of its own: an interrupt (Jupyter's and a terminal's Ctrl-C signal the kernel's whole process
+    group) must not end the nodes; the kernel's end still does (the holder's input closes)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     line = proc.stdout.readline()
     proc.stdout.close()
     if not line.strip().isdigit():
