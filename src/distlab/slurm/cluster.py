@@ -34,13 +34,13 @@ import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
+from distlab.forkserver import mode as launchmode
 
 from . import login
 from .errors import ClusterError
@@ -511,10 +511,10 @@ def lost_its_port(lines: list[str]) -> bool:
 
 
 def watchdog_argv(pid: int, started: float, folder: Path) -> list[str]:
-    """The watchdog's command line. ``-P``: the current folder (the notebook's, anyone's) is not put first
-    on ``sys.path``, so a ``psutil.py`` or ``distlab/`` planted there is never imported by this process,
-    which runs as root on the local cluster."""
-    return [sys.executable, "-P", "-m", "distlab.slurm.watchdog", str(pid), repr(started), str(folder)]
+    """The watchdog's command line (:func:`~distlab.forkserver.mode.python_argv`): the current folder
+    (the notebook's, anyone's) is not put first on ``sys.path``, so a ``psutil.py`` or ``distlab/``
+    planted there is never imported by this process, which runs as root on the local cluster."""
+    return launchmode.python_argv("distlab.slurm.watchdog", str(pid), repr(started), str(folder), flags=())
 
 
 def _own_start_time() -> float:
