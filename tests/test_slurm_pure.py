@@ -485,3 +485,12 @@ def test_a_batch_warning_signal_gets_a_trap_that_passes_it_on_and_the_script_wai
     assert lines[lines.index("srun_pid=$!") - 1].endswith(" &") and lines[-1] == 'exit "$status"'
     plain = spec.render(_spec(nodes=2, signal="USR1@90"), Path("/j"), Path("/l"))
     assert "trap " not in plain and "srun_pid" not in plain  # sent to the ranks themselves: nothing to pass on
+
+
+def test_who_shares_the_job_user_s_primary_group():
+    from types import SimpleNamespace as Row
+
+    me = Row(pw_name="learner", pw_gid=100)
+    accounts = [me, Row(pw_name="alice", pw_gid=100), Row(pw_name="bob", pw_gid=1001)]
+    assert cluster.group_sharers(me, accounts, Row(gr_mem=["carol", "learner"])) == ["alice", "carol"]
+    assert cluster.group_sharers(me, [me], Row(gr_mem=[])) == []
