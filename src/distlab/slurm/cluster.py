@@ -45,7 +45,7 @@ from pathlib import Path
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
 from distlab.forkserver import mode as launchmode
 
-from . import login
+from . import commands, login
 from .errors import SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM, ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
     PARTITION,
@@ -229,11 +229,13 @@ _CURRENT: LocalCluster | None = None
 
 
 def controller_answers(timeout: float = 10) -> bool:
-    """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP."""
-    if shutil.which("scontrol") is None:
+    """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP. Where no
+    slurm.conf exists, nothing runs: Slurm would ask the site's DNS for one (:mod:`.commands`)."""
+    if shutil.which("scontrol") is None or commands.config_file() is None:
         return False
     try:
-        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout,
+                              env=commands.client_env())
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0 and "UP" in done.stdout

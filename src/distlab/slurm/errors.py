@@ -10,6 +10,10 @@ from distlab.errors import DistlabError, notebook_message
 NOT_FOUND = ("distlab.slurm: {what} not found. {hint}")
 NO_SLURM_HINT = ("Install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client; on a cluster: "
                  "`module load slurm`), or start a one-machine cluster with distlab.slurm.local_cluster().")
+NO_CONFIG = ("distlab.slurm: no Slurm configuration here (SLURM_CONF is {conf!r}; {defaults} does not exist), and "
+             "distlab does not let Slurm ask the network's DNS for a controller (configless mode: the site's record "
+             "would decide where your job goes). Set SLURM_CONF to your cluster's slurm.conf, or start a "
+             "one-machine cluster with distlab.slurm.local_cluster().")
 NO_CONTROLLER = ("distlab.slurm: no Slurm controller answers ({detail}). Check `scontrol ping` and SLURM_CONF "
                  "(now {conf!r}), or start a one-machine cluster with distlab.slurm.local_cluster().")
 BAD_OPTION = "distlab.slurm: invalid {name}={value!r}: {problem}. {hint}"
