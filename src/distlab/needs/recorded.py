@@ -1,0 +1,84 @@
+"""Recordings: what each ``%%needs`` cell printed when the book was built, and showing it again.
+
+One JSON file per chapter in ``recorded/`` next to this module (written by ``book/record.py`` from
+an executed chapter)::
+
+    {"chapter": "07_two_gpu_training.ipynb",
+     "recorded": {"date": "2026-12-05", "setting": "Linux as root, ..."},
+     "cells": {"<key>": {"requirement": "nodes", "cell": 31, "outputs": [<nbformat outputs>]}}}
+
+A cell is found by :func:`cell_key`, a hash of its requirement and code, so a recording never shows
+under a cell whose code changed since (the test suite then asks for a new recording).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+FOLDER = Path(__file__).with_name("recorded")
+MAGIC = "%%needs"
+LABEL = "Recorded when the book was built ({date}; {setting}). Not run here."
+NO_RECORDING = ("No recording of this cell: its code differs from the book's. Nothing ran and nothing is shown; "
+                "run the chapter where {what} is available to see it.")
+
+
+def cell_key(requirement: str, body: str) -> str:
+    """The key of a ``%%needs <requirement>`` cell with code ``body`` (trailing blanks ignored)."""
+    text = requirement.strip() + "\n" + "\n".join(line.rstrip() for line in body.rstrip().splitlines())
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def split(source: str) -> tuple[str, str] | None:
+    """A notebook cell's ``(requirement, body)`` when it starts with ``%%needs``; else None."""
+    first, _, body = source.partition("\n")
+    if not first.startswith(MAGIC + " "):
+        return None
+    return first[len(MAGIC):].strip(), body
+
+
+@lru_cache(maxsize=1)
+def everything(folder: Path = FOLDER) -> dict[str, dict]:
+    """key -> recording (its cell's entry, with the file's ``recorded`` and ``chapter``), from every file."""
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        for key, entry in data["cells"].items():
+            found[key] = {**entry, "recorded": data["recorded"], "chapter": data["chapter"]}
+    return found
+
+
+def find(requirement: str, body: str, folder: Path = FOLDER) -> dict | None:
+    return everything(folder).get(cell_key(requirement, body))
+
+
+def label(recording: dict) -> str:
+    return LABEL.format(**recording["recorded"])
+
+
+def show(recording: dict) -> None:
+    """Show a recording in the current cell: its label, then each output as it was (text, images)."""
+    from IPython.display import display
+
+    note(label(recording))
+    for out in recording["outputs"]:
+        kind = out.get("output_type")
+        if kind == "stream":
+            stream = sys.stderr if out.get("name") == "stderr" else sys.stdout
+            stream.write(out["text"])
+            stream.flush()
+        elif kind in ("display_data", "execute_result"):
+            display(out["data"], raw=True, metadata=out.get("metadata") or {})
+
+
+def note(text: str) -> None:
+    """One line set apart from the recorded output: plain text in a terminal or nbclient, a box in JupyterLab."""
+    import html
+
+    from IPython.display import display
+
+    box = ('<div style="border-left:4px solid #c90;padding:2px 8px;margin:2px 0;font-style:italic">'
+           f"{html.escape(text)}</div>")
+    display({"text/plain": text, "text/html": box}, raw=True)

@@ -1,0 +1,162 @@
+"""The ``%%needs`` magic: a multi-machine cell runs where the machine allows it, and elsewhere says once
+why not and shows its recording (never a fake node, no file, no assert).
+
+The decision is pure (:mod:`distlab.needs.verdict`), tested here for every setting of issue 44: a
+default container as root, an ordinary user, no Slurm. The magic itself runs in a real IPython shell
+with the probe's facts set by the test.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distlab.needs import magic, probe, recorded, verdict
+from distlab.needs.verdict import Facts
+
+CONTAINER = ("distlab: cannot start nodes: this machine refuses a network namespace (unshare: unshare failed: "
+             "Operation not permitted); no setting of the kernel forbids them, so the process lacks the privilege "
+             "(a container started without CAP_SYS_ADMIN, or with a seccomp profile that blocks unshare); run it "
+             "with --privileged or --cap-add SYS_ADMIN, or outside the container. distlab never falls back to "
+             "loopback and calls it nodes.")
+NO_SLURM = ("distlab.slurm: cannot start a one-machine cluster: these programs are missing: sbatch, slurmctld. "
+            "Install them: apt-get install slurm-wlm (Debian/Ubuntu; slurm-wlm brings slurmctld, slurmd and "
+            "slurm-client), or use a real cluster.")
+NOT_ROOT = ("distlab.slurm: cannot start a one-machine cluster: it needs root (slurmd starts every job step as "
+            "the job's user, which only root may do). Run as root (as CI does, or in a container), or use a real "
+            "cluster's login node.")
+
+
+@pytest.mark.parametrize("facts, holds", [
+    (Facts(None, None), {"nodes", "slurm", "slurm-nodes"}),             # Linux as root, Slurm installed
+    (Facts(CONTAINER, None), {"slurm"}),                                 # a default container as root, with Slurm
+    (Facts(CONTAINER, NO_SLURM), set()),                                 # Kaggle, Colab
+    (Facts(None, NOT_ROOT), {"nodes"}),                                  # an ordinary Linux user
+    (Facts(None, NO_SLURM), {"nodes"}),                                  # root without Slurm's packages
+])
+def test_what_holds_in_each_setting(facts, holds):
+    assert {r for r in verdict.WHAT if verdict.verdict(r, facts) is None} == holds
+
+
+def test_the_line_says_what_the_section_needs_why_not_and_what_would_allow_it():
+    line = verdict.verdict("slurm-nodes", Facts(CONTAINER, NO_SLURM))
+    assert line == ("Not run here: this section needs a Slurm cluster of two nodes (slurm.local_cluster on "
+                    "distlab.Nodes: Slurm's packages, root and network namespaces). " + NO_SLURM + " " + CONTAINER
+                    + " Its cells show what they printed when the book was built, labelled as recorded; the rest "
+                    "of the chapter runs.")
+    assert "\n" not in verdict.verdict("nodes", Facts("a\nb", None))   # one line, whatever the error's layout
+
+
+def test_a_requirement_not_known_is_a_usage_error_naming_the_choices():
+    with pytest.raises(ValueError, match=r"'gpus' is not a requirement\. usage: %%needs nodes \| slurm"):
+        verdict.parse("gpus")
+    assert verdict.parse(" slurm-nodes ") == "slurm-nodes"
+
+
+def test_a_section_is_a_run_of_skipped_cells_with_one_requirement():
+    last = {"count": 7, "requirement": "nodes"}
+    assert not magic.new_section(8, "nodes", last)
+    assert magic.new_section(9, "nodes", last)            # a cell ran for real in between
+    assert magic.new_section(8, "slurm", last)
+    assert magic.new_section(None, "nodes", last)
+
+
+def test_the_key_follows_the_code_and_the_requirement_not_trailing_blanks():
+    key = recorded.cell_key("nodes", "x = 1\nprint(x)\n")
+    assert key == recorded.cell_key("nodes", "x = 1   \nprint(x)\n\n")
+    assert key != recorded.cell_key("nodes", "x = 2\nprint(x)\n")
+    assert key != recorded.cell_key("slurm", "x = 1\nprint(x)\n")
+    assert recorded.split("%%needs nodes\nx = 1\n") == ("nodes", "x = 1\n")
+    assert recorded.split("%%ranks\nx = 1") is None and recorded.split("x = 1") is None
+
+
+def test_the_probes_agree_with_the_checks_nodes_and_the_cluster_make():
+    """Cheap, real, once per kernel; here as on CI (root, namespaces allowed) or not, they say the same as
+    the checks distlab.Nodes and slurm.local_cluster make before they start."""
+    from distlab.errors import NodesError
+    from distlab.nodes import namespaces
+
+    facts = probe.facts(fresh=True)
+    try:
+        namespaces.check_possible()
+        assert facts.nodes_problem is None
+    except NodesError as e:
+        assert facts.nodes_problem == str(e)
+    assert probe.facts() is facts
+
+
+# --- the magic in an IPython shell ---------------------------------------------------------------
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    folder = tmp_path / "recorded"
+    folder.mkdir()
+    monkeypatch.setattr(recorded, "FOLDER", folder)
+    monkeypatch.setattr(recorded.find, "__defaults__", (folder,))
+    recorded.everything.cache_clear()
+    saved = probe._FACTS
+    ip.run_cell("%load_ext distlab.needs")
+    yield ip
+    probe._FACTS = saved
+    recorded.everything.cache_clear()
+    for name in ("made", "value", "Widget"):
+        ip.user_ns.pop(name, None)
+
+
+def run(ip, source: str):
+    result = ip.run_cell(source, store_history=True)
+    return result
+
+
+def record(folder, cells: dict) -> None:
+    entries = {recorded.cell_key(req, body): {"requirement": req, "cell": i, "outputs": outputs}
+               for i, (req, body, outputs) in enumerate(cells.values())}
+    (folder / "ch.json").write_text(json.dumps({"chapter": "ch.ipynb", "cells": entries,
+                                                "recorded": {"date": "2026-12-05", "setting": "Linux as root"}}))
+
+
+def test_where_it_holds_the_cell_runs_as_a_plain_cell(shell, capsys, tmp_path):
+    probe._FACTS = Facts(None, None)
+    result = run(shell, "%%needs nodes\nclass Widget:\n    def size(self):\n        return 3\n"
+                        "made = Widget().size()\nprint('printed', made)\nmade * 2\n")
+    assert result.success and result.result == 6                 # its last expression is the cell's value
+    assert "printed 3" in capsys.readouterr().out
+    assert shell.user_ns["made"] == 3                           # its names land in the notebook
+    from distlab.capture.source import class_source
+
+    text, _ = class_source(shell.user_ns["Widget"], shell.user_ns)
+    assert "return 3" in text                                   # capturable for the ranks
+    assert run(shell, "%%needs nodes\nvalue = 1;\nvalue;\n").result is None      # a ; hides the value
+    failed = run(shell, "%%needs nodes\nassert made == 4, 'the claim'\n")
+    assert isinstance(failed.error_in_exec, AssertionError)      # an exception is the cell's
+
+
+def test_where_it_does_not_hold_nothing_runs_and_the_recording_shows(shell, capsys, tmp_path):
+    probe._FACTS = Facts(CONTAINER, None)
+    body = f"open({str(tmp_path / 'made.txt')!r}, 'w').write('x')\nassert False\nmade = 1\n"
+    record(tmp_path / "recorded", {"a": ("nodes", body, [{"output_type": "stream", "name": "stdout",
+                                                          "text": "what it printed\n"}])})
+    result = run(shell, "%%needs nodes\n" + body)
+    out = capsys.readouterr().out
+    assert result.success and "made" not in shell.user_ns and not (tmp_path / "made.txt").exists()
+    assert out.count("Not run here: this section needs two machines") == 1 and CONTAINER in out
+    assert "Recorded when the book was built (2026-12-05; Linux as root). Not run here." in out
+    assert out.rstrip().endswith("what it printed")
+    run(shell, "%%needs nodes\n" + body)                        # the same section goes on: no second reason
+    assert "Not run here: this section" not in capsys.readouterr().out
+
+
+def test_a_changed_cell_shows_no_stale_recording(shell, capsys):
+    probe._FACTS = Facts(CONTAINER, None)
+    assert run(shell, "%%needs nodes\nprint('a cell never recorded')\n").success
+    out = capsys.readouterr().out
+    assert "No recording of this cell: its code differs from the book's." in out
+    assert "a cell never recorded" not in out
+
+
+def test_a_bad_requirement_stops_the_cell_with_the_usage(shell, capsys):
+    result = run(shell, "%%needs gpus\nprint('ran')\n")
+    assert not result.success and "ran" not in capsys.readouterr().out
