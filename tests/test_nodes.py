@@ -15,20 +15,27 @@ from second_user import as_other, other_python, other_user, readable_src, shared
 
 from distlab.errors import LaunchArgumentError, NodesError
 from distlab.folders import private
-from distlab.nodes import namespaces
+from distlab.nodes import held, namespaces
 from distlab.nodes.cluster import Nodes
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 
 
 def holders(nodes: Nodes) -> list[int]:
-    return [nodes._switch_pid, *nodes.pids]
+    return [nodes._switch.pid, *nodes.pids]
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def gone(pids, within: float = 10.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        if not any(running(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
@@ -138,7 +145,7 @@ def test_a_killed_kernel_leaves_no_node():
         import sys, time
         from distlab.nodes.cluster import Nodes
         nodes = Nodes(2)
-        print(nodes._switch_pid, *nodes.pids, flush=True)
+        print(nodes._switch.pid, *nodes.pids, flush=True)
         time.sleep(120)
         """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC})
     try:
@@ -173,7 +180,7 @@ def test_an_ordinary_user_gets_nodes_too(other_user, readable_src, shared_tmp): 
         "n = Nodes(2, link='100mbit')\n"
         "print(n.run(1, 'id -u; hostname; getent hosts node0').stdout, end='')\n"
         "print('RATE', 'rate 100Mbit' in n.run(0, 'tc qdisc show dev eth0').stdout)\n"
-        "pids = [n._switch_pid, *n.pids]\n"
+        "pids = [n._switch.pid, *n.pids]\n"
         "n.close()\n"
         "print('PIDS', *pids)\n"
     )
@@ -259,3 +266,105 @@ def test_two_sets_of_nodes_at_once_do_not_collide():
             for server in servers:
                 server.kill()
                 server.wait()
+
+
+# --- a node is its namespaces, held open; never a pid (issue #45, item 1) ----------------------------
+
+
+def test_a_node_whose_holder_died_runs_nothing_anywhere(tmp_path):
+    """Holder SIGKILLed: its pid is free for anyone. Every way in raises 'node 1 is gone' and starts nothing."""
+    marker = tmp_path / "ran"
+    with Nodes(2) as nodes:
+        holder = nodes.pids[1]
+        os.kill(holder, signal.SIGKILL)
+        assert gone([holder])
+        assert not nodes.alive(1) and nodes.alive(0)
+        for attempt in (lambda: nodes.run(1, f"touch {marker}"), lambda: nodes.popen(1, ["touch", str(marker)]),
+                        lambda: nodes.command(1, ["true"]), lambda: nodes.kill_processes(1),
+                        lambda: nodes.netns(1)):
+            with pytest.raises(NodesError, match=r"^distlab: node 1 is gone: the process that holds its namespaces"):
+                attempt()
+        assert nodes.run(0, "hostname").stdout.strip() == "node0"  # the other node is unaffected
+        time.sleep(0.2)
+        assert not marker.exists()
+
+
+def test_commands_enter_through_held_namespace_files_not_pids():
+    with Nodes(1) as nodes:
+        argv = nodes.command(0, ["true"])
+        assert "-t" not in argv and str(nodes.pids[0]) not in " ".join(argv)
+        held_paths = [a.split("=", 1)[1] for a in argv if a.startswith(("--net=", "--uts=", "--mount="))]
+        assert len(held_paths) == 3 and all(p.startswith(f"/proc/{os.getpid()}/fd/") for p in held_paths)
+        assert os.readlink(held_paths[0]) == os.readlink(f"/proc/{nodes.pids[0]}/ns/net")
+
+
+def test_kill_processes_leaves_the_node_standing_also_its_holder(nodes):
+    """It used to kill the holder's own ``cat``: the node then died while Nodes believed it open."""
+    holder = nodes.pids[1]
+    nodes.kill_processes(1)
+    time.sleep(0.3)
+    assert psutil.pid_exists(holder) and nodes.alive(1)
+    assert nodes.run(1, "hostname").stdout.strip() == "node1"
+
+
+def test_kill_processes_ends_a_process_that_keeps_forking(nodes):
+    forker = nodes.popen(1, ["sh", "-c", "while :; do sleep 100 & sleep 0.01; done"])
+    try:
+        time.sleep(0.5)
+        nodes.kill_processes(1)
+        assert forker.wait(timeout=10) == -9
+        time.sleep(0.2)
+        net = nodes._nodes[1].inode("net")
+        assert held.members(net, {nodes._nodes[1].pid, nodes._nodes[1].starter_pid}) == []
+    finally:
+        forker.kill()
+        forker.wait()
+
+
+def test_kill_inside_refuses_the_callers_own_namespace():
+    own = held.Held("the host", pid=os.getpid(), starter_pid=os.getppid(), pidfd=os.pidfd_open(os.getpid()))
+    own.fds["net"] = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        with pytest.raises(NodesError, match="refusing to kill the processes of the host"):
+            namespaces.kill_inside(own)
+    finally:
+        own.close()
+
+
+def test_hold_refuses_a_pid_that_is_not_the_starters_child():
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(NodesError, match="is not the holder distlab started"):
+            held.hold("node 0", stranger.pid, starter_pid=1, kinds=("net",))
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_an_interrupt_of_the_kernels_process_group_leaves_the_nodes_standing():
+    """Issue #52 item 1: Jupyter interrupts with killpg(SIGINT); the holders were in the kernel's group and
+    died of it, while Nodes still looked open."""
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import signal, sys
+        from distlab.nodes.cluster import Nodes
+        signal.signal(signal.SIGINT, lambda *a: print("interrupted", flush=True))
+        nodes = Nodes(2)
+        print(nodes._switch.pid, *nodes.pids, flush=True)
+        sys.stdin.readline()
+        print(nodes.alive(0), nodes.alive(1), nodes.run(1, "hostname").stdout.strip(), flush=True)
+        nodes.close()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": SRC},
+        start_new_session=True)
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        os.killpg(kernel.pid, signal.SIGINT)
+        assert kernel.stdout.readline().strip() == "interrupted"
+        time.sleep(0.3)
+        assert all(running(p) for p in pids), "an interrupt ended the nodes"
+        kernel.stdin.write("\n")
+        kernel.stdin.flush()
+        assert kernel.stdout.readline().split() == ["True", "True", "node1"]
+        assert kernel.wait(timeout=20) == 0 and gone(pids)
+    finally:
+        kernel.kill()
+        kernel.wait()

@@ -225,10 +225,13 @@ def test_a_cluster_on_nodes_has_a_slurmd_per_node_on_its_own_address(tmp_path):
 def test_login_shims_run_slurm_commands_on_the_login_node(tmp_path):
     from distlab.slurm import login
 
-    bin_dir = login.write_shims(tmp_path, 4242, "node0", which=lambda name, path: f"/usr/bin/{name}")
+    door = login.Door(kernel_pid=4242, kernel_start=777, fd=12, inode=4026532999)
+    bin_dir = login.write_shims(tmp_path, door, "node0", which=lambda name, path: f"/usr/bin/{name}")
     sbatch = (bin_dir / "sbatch").read_text()
-    assert "exec nsenter -t 4242 -n -- \"$real\" \"$@\"" in sbatch and "real=/usr/bin/sbatch" in sbatch
-    assert '-S "$(id -u "$user")" -G "$(id -g "$user")"' in sbatch  # as the job user: enter, then become it
+    assert 'exec /usr/bin/nsenter --net=/proc/self/fd/9 -- "$real" "$@"' in sbatch and "real=/usr/bin/sbatch" in sbatch
+    assert "-t " not in sbatch and "command exec 9</proc/4242/fd/12" in sbatch  # a held file, never a pid
+    assert "-f20)\" = 777 ]" in sbatch and '= "net:[4026532999]" ]' in sbatch
+    assert '-S "$(/usr/bin/id -u "$user")" -G "$(/usr/bin/id -g "$user")"' in sbatch  # as the job user
     assert oct((bin_dir / "sinfo").stat().st_mode & 0o777) == "0o700"
     done = subprocess.run(["sh", "-n", str(bin_dir / "sbatch")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -248,10 +251,10 @@ def test_a_second_clusters_shims_skip_the_first_clusters_shims_on_path(tmp_path)
     (real / "sinfo").chmod(0o755)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    first = login.write_shims(tmp_path / "a", 11, "node0", path=str(real))
-    second = login.write_shims(tmp_path / "b", 22, "node0", path=f"{first}:{real}")
+    first = login.write_shims(tmp_path / "a", login.Door(11, 1, 3, 5), "node0", path=str(real))
+    second = login.write_shims(tmp_path / "b", login.Door(22, 1, 3, 5), "node0", path=f"{first}:{real}")
     text = (second / "sinfo").read_text()
-    assert f"real={real}/sinfo" in text and "-t 22 " in text and str(first) not in text
+    assert f"real={real}/sinfo" in text and "/proc/22/fd/3" in text and str(first) not in text
 
 
 @pytest.mark.parametrize("nodes", ["two", 0, True, 11])
@@ -485,3 +488,41 @@ def test_a_batch_warning_signal_gets_a_trap_that_passes_it_on_and_the_script_wai
     assert lines[lines.index("srun_pid=$!") - 1].endswith(" &") and lines[-1] == 'exit "$status"'
     plain = spec.render(_spec(nodes=2, signal="USR1@90"), Path("/j"), Path("/l"))
     assert "trap " not in plain and "srun_pid" not in plain  # sent to the ranks themselves: nothing to pass on
+
+
+def _run_shim(tmp_path, door, real_text="#!/bin/sh\necho real ran \"$@\"\n"):
+    from distlab.slurm import login
+
+    real = tmp_path / "usr"
+    real.mkdir(parents=True, exist_ok=True)
+    (real / "sinfo").write_text(real_text)
+    (real / "sinfo").chmod(0o755)
+    bin_dir = login.write_shims(tmp_path, door, "node0", path=str(real))
+    return subprocess.run([str(bin_dir / "sinfo"), "-h"], capture_output=True, text=True)
+
+
+def test_a_login_shim_enters_through_the_held_file_and_refuses_anything_else(tmp_path):
+    """Issue #45 item 2: after the nodes closed or node0 died, a shim sent commands into whatever held the
+    pid written into it. Now: the notebook's own descriptor, checked against its start time and the
+    namespace's inode; otherwise it refuses and runs nothing."""
+    import os
+
+    from distlab.nodes import held as held_mod
+    from distlab.slurm import login
+
+    if os.geteuid() != 0:
+        pytest.skip("the shims enter namespaces as root only (CI runs as root)")
+    own = held_mod.Held("node 0", os.getpid(), os.getppid(), os.pidfd_open(os.getpid()))
+    own.fds["net"] = os.open("/proc/self/ns/net", os.O_RDONLY)  # a held network: here, the host's own
+    try:
+        right = login.door(own)
+        ok = _run_shim(tmp_path / "ok", right)
+        assert ok.returncode == 0 and ok.stdout == "real ran -h\n", ok.stderr
+        for wrong in (login.Door(right.kernel_pid, right.kernel_start + 1, right.fd, right.inode),  # pid reused
+                      login.Door(right.kernel_pid, right.kernel_start, right.fd, right.inode + 1),  # another network
+                      login.Door(right.kernel_pid, right.kernel_start, 987, right.inode)):         # file closed
+            refused = _run_shim(tmp_path / f"no{wrong.fd}{wrong.inode}{wrong.kernel_start}", wrong)
+            assert refused.returncode == 1 and "real ran" not in refused.stdout
+            assert refused.stderr.startswith("distlab: this Slurm cluster's nodes are gone"), refused.stderr
+    finally:
+        own.close()

@@ -154,6 +154,8 @@ class PortInUseError(RendezvousError, OSError):
 
 NODES = "distlab: cannot start nodes: {problem}. {hint}"
 NODE_COMMAND = "distlab: node {node} ({host}): `{command}` failed (exit code {code}):\n{output}\n{hint}"
+NODE_GONE = ("distlab: {node} is gone: the process that holds its namespaces ended, so nothing runs there. "
+             "Close these nodes and make new ones with distlab.Nodes(...).")
 
 
 class NodesError(DistlabError, RuntimeError):

@@ -17,7 +17,7 @@ import weakref
 
 from distlab.errors import NODE_COMMAND, NodesError
 from distlab.folders import private
-from distlab.nodes import namespaces, plan
+from distlab.nodes import held, namespaces, plan
 
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # every Nodes not closed yet
 
@@ -35,7 +35,9 @@ class Nodes:
         bits = plan.rate_bits(link)
         namespaces.check_possible()
         self._holders: list[subprocess.Popen] = []
-        self._finalizer = weakref.finalize(self, namespaces.stop, self._holders)
+        self._held: list[held.Held] = []  # [switch, node0, node1, ...]: the namespaces, open until close()
+        self._on_close: list = []
+        self._finalizer = weakref.finalize(self, _end, self._holders, self._held, self._on_close)
         try:
             self._start(bits)
         except BaseException:
@@ -45,22 +47,49 @@ class Nodes:
         _OPEN.add(self)
 
     def _start(self, bits: int | None) -> None:
-        switch, self._switch_pid = namespaces.start_switch()
+        switch, self._switch = namespaces.start_switch()
         self._holders.append(switch)
+        self._held.append(self._switch)
         with tempfile.TemporaryDirectory(dir=private.private_root()) as folder:
             hosts = os.path.join(folder, "hosts")  # bound into each node, then deleted with its folder:
             with open(hosts, "w") as f:             # a bind mount keeps the file's contents alive
                 f.write(plan.hosts_file(self.n))
             os.chmod(hosts, 0o644)  # (the folder stays 0700: inside the user namespace we are still its owner)
-            self.pids = []
+            self._nodes: list[held.Held] = []
             for k in range(self.n):
-                proc, pid = namespaces.start_node(self._switch_pid, k, hosts)
+                proc, node = namespaces.start_node(self._switch, k, hosts)
                 self._holders.append(proc)
-                self.pids.append(pid)
-        namespaces.link_nodes(self._switch_pid, self.pids)
+                self._held.append(node)
+                self._nodes.append(node)
+        namespaces.link_nodes(self._switch, self._nodes)
         if bits is not None:
             for k in range(self.n):
-                namespaces.shape(self._switch_pid, self.pids[k], k, bits)
+                namespaces.shape(self._switch, self._nodes[k], k, bits)
+
+    @property
+    def pids(self) -> list[int]:
+        """The holders' pids, for display only: distlab never reaches a node through a pid (a dead
+        node's pid may belong to anyone); :meth:`netns` names a node's network for ``ip ... netns``."""
+        return [h.pid for h in self._nodes]
+
+    def netns(self, node) -> str:
+        """A path naming node ``node``'s network namespace in commands started by :meth:`run` and
+        :meth:`popen` (``ip link add ... netns PATH``): they inherit the file these nodes hold open, so
+        the path reaches that node or nothing, never whatever holds a pid now."""
+        k = plan.node_index(node, self.n)
+        self._check_open()
+        self._nodes[k].check()
+        return self._nodes[k].inherited("net")
+
+    def namespaces_of(self, node) -> held.Held:
+        """Node ``node``'s namespaces as these nodes hold them open (for a door such as Slurm's login shims)."""
+        k = plan.node_index(node, self.n)
+        self._check_open()
+        self._nodes[k].check()
+        return self._nodes[k]
+
+    def _net_fds(self) -> tuple[int, ...]:
+        return tuple(h.fds["net"] for h in self._nodes if "net" in h.fds)
 
     @property
     def hosts(self) -> list[str]:
@@ -75,26 +104,26 @@ class Nodes:
         k = plan.node_index(node, self.n)
         bits = plan.rate_bits(rate)
         self._check_open()
-        namespaces.shape(self._switch_pid, self.pids[k], k, bits)
+        namespaces.shape(self._switch, self._nodes[k], k, bits)
         self.rates[k] = bits
 
     def traffic(self) -> dict[int, dict[str, int]]:
         """node -> bytes and packets it sent and received on its link so far (the kernel's counters)."""
         self._check_open()
-        return plan.traffic(namespaces.link_stats(self._switch_pid), self.n)
+        return plan.traffic(namespaces.link_stats(self._switch), self.n)
 
     def command(self, node, argv: list[str]) -> list[str]:
         """``argv`` prefixed so that it runs on node ``node`` (its network, host name and hosts file)."""
         k = plan.node_index(node, self.n)
         self._check_open()
-        return [*namespaces.enter(self.pids[k], uts_and_mounts=True), *argv]
+        return [*namespaces.enter(self._nodes[k], uts_and_mounts=True), *argv]
 
     def run(self, node, command: str, *, check: bool = True, timeout: float | None = None,
             capture: bool = True) -> subprocess.CompletedProcess:
         """Run shell ``command`` on node ``node``, as a learner would type it on that machine;
         raise :class:`~distlab.errors.NodesError` naming the node when it fails (``check``)."""
         argv = self.command(node, ["sh", "-c", command])
-        done = subprocess.run(argv, capture_output=capture, text=True, timeout=timeout)
+        done = subprocess.run(argv, capture_output=capture, text=True, timeout=timeout, pass_fds=self._net_fds())
         if check and done.returncode != 0:
             k = plan.node_index(node, self.n)
             raise NodesError(NODE_COMMAND.format(node=k, host=plan.host(k), command=command, code=done.returncode,
@@ -104,14 +133,25 @@ class Nodes:
 
     def popen(self, node, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` on node ``node`` and return at once (a server, a long run)."""
-        return subprocess.Popen(self.command(node, argv), **kwargs)
+        argv = self.command(node, argv)
+        kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), *self._net_fds())
+        return subprocess.Popen(argv, **kwargs)
 
     def kill_processes(self, node) -> list[int]:
         """Kill every process running on node ``node`` now, as when that machine's processes die
         (a crash, the OOM killer); the node, its address and its link stay. Their pids."""
         k = plan.node_index(node, self.n)
         self._check_open()
-        return namespaces.kill_inside(self.pids[k])
+        self._nodes[k].check()
+        return namespaces.kill_inside(self._nodes[k])
+
+    def alive(self, node) -> bool:
+        """Whether node ``node`` still stands (its holder runs)."""
+        return not self.closed and self._nodes[plan.node_index(node, self.n)].alive()
+
+    def on_close(self, callback) -> None:
+        """Call ``callback()`` when these nodes close (a cluster on them stops with them)."""
+        self._on_close.append(callback)
 
     def _check_open(self) -> None:
         if not self._finalizer.alive:
@@ -154,3 +194,21 @@ class Nodes:
     def _rate_text(self, k: int) -> str:
         bits = self.rates.get(k)
         return "unlimited" if bits is None else f"{bits / 1e6:g} Mbit/s"
+
+
+def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list) -> None:
+    """Close nodes: what depends on them first, then every process still on a node (found by the
+    namespace it holds, also when its holder died), then the holders, then the namespace files."""
+    for callback in list(on_close):
+        try:
+            callback()
+        except Exception:  # (a cluster that fails to stop must not keep the nodes open)
+            pass
+    for h in helds[1:]:
+        try:
+            namespaces.kill_inside(h)
+        except (OSError, NodesError):
+            pass
+    namespaces.stop(holders)
+    for h in helds:
+        h.close()

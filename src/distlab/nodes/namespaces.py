@@ -22,17 +22,22 @@ import subprocess
 from pathlib import Path
 
 from distlab.errors import NODE_COMMAND, NODES, NodesError
-from distlab.nodes import plan
+from distlab.nodes import held, plan
 
-TOOLS = ("unshare", "nsenter", "ip", "tc", "mount", "hostname", "cat")
+TOOLS = ("unshare", "nsenter", "ip", "tc", "mount", "hostname")
+#: where Debian, Fedora and Arch keep iproute2 and util-linux's tools, which an ordinary user's PATH
+#: often lacks (Debian's is /usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games)
+SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 # The holder: say its pid, keep the namespaces until its input ends (close(), or the kernel's death,
 # even by SIGKILL), then kill whatever still runs in its network namespace (a server a cell started
 # there, say), which would otherwise keep the namespace alive; only then end, and the namespace with it.
-HOLD = ('echo $$; cat >/dev/null; me=$(readlink /proc/$$/ns/net); for p in /proc/[0-9]*; do pid=${p#/proc/}; '
-        '[ "$pid" = $$ ] || [ "$pid" = $PPID ] || [ "$(readlink $p/ns/net 2>/dev/null)" != "$me" ] '
+# It waits with the shell's own `read`, not a child such as `cat`: killing every process on a node
+# (Nodes.kill_processes) must leave the node standing.
+HOLD = ('echo $$; while read -r _; do :; done; me=$(readlink /proc/$$/ns/net); for p in /proc/[0-9]*; do '
+        'pid=${p#/proc/}; [ "$pid" = $$ ] || [ "$pid" = $PPID ] || [ "$(readlink $p/ns/net 2>/dev/null)" != "$me" ] '
         '|| kill -9 "$pid" 2>/dev/null; done')
-SWITCH_SH = "ip link add {bridge} type bridge && ip link set {bridge} up && ip link set lo up && " + HOLD
-NODE_SH = 'hostname "$1" && mount --bind "$2" /etc/hosts && ip link set lo up && ' + HOLD
+SWITCH_SH = '"$1" link add {bridge} type bridge && "$1" link set {bridge} up && "$1" link set lo up && ' + HOLD
+NODE_SH = ('"$3" "$1" && "$4" --bind "$2" /etc/hosts && "$5" link set lo up && ' + HOLD)
 SYSCTLS = {  # the settings that refuse user namespaces, and what to do about each
     "/proc/sys/kernel/apparmor_restrict_unprivileged_userns":
         ("1", "AppArmor restricts unprivileged user namespaces (Ubuntu 23.10 and later)",
@@ -51,8 +56,22 @@ def with_user_namespace(euid: int | None = None) -> bool:
     return (os.geteuid() if euid is None else euid) != 0
 
 
-def missing_tools(which=shutil.which) -> list[str]:
-    return [tool for tool in TOOLS if which(tool) is None]
+def tool(name: str, which=shutil.which, path: str | None = None) -> str | None:
+    """The absolute path of ``name``: on PATH, else in the system folders an ordinary user's PATH leaves
+    out. Commands are run by absolute path, so a folder early on PATH cannot stand in for them."""
+    search = os.environ.get("PATH", "") if path is None else path
+    return which(name, path=os.pathsep.join([search, *SYSTEM_DIRS]))
+
+
+def missing_tools(which=shutil.which, path: str | None = None) -> list[str]:
+    return [name for name in TOOLS if tool(name, which, path) is None]
+
+
+def node_path(path: str | None = None) -> str:
+    """PATH for a program run on a node: yours, with the system folders after it, as root's PATH has them
+    (a learner types ``ip`` or ``tc`` on a node as on any machine of theirs)."""
+    parts = [p for p in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep) if p]
+    return os.pathsep.join([*parts, *(d for d in SYSTEM_DIRS if d not in parts)])
 
 
 def check_possible() -> None:
@@ -62,7 +81,7 @@ def check_possible() -> None:
         hint = "Install iproute2 and util-linux (Debian: apt-get install iproute2 util-linux)."
         raise NodesError(NODES.format(problem=f"{', '.join(missing)} not found", hint=hint))
     user = ["--user", "--map-root-user"] if with_user_namespace() else []
-    probe = subprocess.run(["unshare", *user, "--net", "true"], capture_output=True, text=True)
+    probe = subprocess.run([tool("unshare"), *user, "--net", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         what = "a user namespace" if user else "a network namespace"
         problem = f"this machine refuses {what} ({probe.stderr.strip()}); {refusal_cause()}"
@@ -82,20 +101,33 @@ def refusal_cause(read=lambda p: Path(p).read_text().strip()) -> str:
             "run it with --privileged or --cap-add SYS_ADMIN, or outside the container")
 
 
-def enter(pid: int, *, uts_and_mounts: bool = False) -> list[str]:
-    """The command prefix that runs a program in holder ``pid``'s namespaces (net, and for a
-    node also its host name and /etc/hosts), in this process's working directory."""
-    argv = ["nsenter", "-t", str(pid), "-n"]
+def kinds(node: bool) -> tuple[str, ...]:
+    """The namespaces held for a switch or a node; the user namespace too where there is one."""
+    own = held.KINDS["node" if node else "switch"]
+    return (*own, "user") if with_user_namespace() else own
+
+
+def enter(h: held.Held, *, uts_and_mounts: bool = False) -> list[str]:
+    """The command prefix that runs a program in the namespaces ``h`` holds open (net, and for a node
+    also its host name and /etc/hosts), in this process's working directory, with a node's PATH.
+    Raises :class:`NodesError` if its holder died: nothing runs on a node that is gone."""
+    h.check()
+    which = ("net", "uts", "mnt") if uts_and_mounts else ("net",)
+    argv = [tool("nsenter")]
     if with_user_namespace():
-        argv += ["-U", "--preserve-credentials"]
+        argv += [*h.nsenter_options(("user",)), "--preserve-credentials"]
+    argv += h.nsenter_options(which)
     if uts_and_mounts:
-        argv += ["-u", "-m", f"--wd={os.getcwd()}"]
-    return argv
+        argv += [f"--wd={os.getcwd()}"]
+    return [*argv, "--", tool("env") or "/usr/bin/env", f"PATH={node_path()}"]
 
 
-def start_holder(argv: list[str]) -> tuple[subprocess.Popen, int]:
-    """Start a holder; its pid (the ``cat`` that keeps the namespaces) once it is ready."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def start_holder(name: str, argv: list[str], node: bool) -> tuple[subprocess.Popen, held.Held]:
+    """Start a holder; its namespaces held open once it is ready (see :mod:`distlab.nodes.held`). In a
+    session of its own: an interrupt (Jupyter's and a terminal's Ctrl-C signal the kernel's whole process
+    group) must not end the nodes; the kernel's end still does (the holder's input closes)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     line = proc.stdout.readline()
     proc.stdout.close()
     if not line.strip().isdigit():
@@ -103,81 +135,91 @@ def start_holder(argv: list[str]) -> tuple[subprocess.Popen, int]:
         stop([proc])
         raise NodesError(NODES.format(problem=f"`{' '.join(argv[:12])} ...` failed: {err or 'no output'}",
                                       hint="Run that command in a terminal to see why."))
-    return proc, int(line)
+    try:
+        return proc, held.hold(name, int(line), proc.pid, kinds(node))
+    except BaseException:
+        stop([proc])
+        raise
 
 
-def start_switch() -> tuple[subprocess.Popen, int]:
+def start_switch() -> tuple[subprocess.Popen, held.Held]:
     sh = SWITCH_SH.replace("{bridge}", plan.SWITCH_BRIDGE)
     user = ["--user", "--map-root-user"] if with_user_namespace() else []
-    return start_holder(["unshare", *user, "--net", "--kill-child", "--fork", "sh", "-c", sh])
+    return start_holder("the switch", [tool("unshare"), *user, "--net", "--kill-child", "--fork",
+                                       "/bin/sh", "-c", sh, "switch", tool("ip")], node=False)
 
 
-def start_node(switch_pid: int, node: int, hosts: Path) -> tuple[subprocess.Popen, int]:
+def start_node(switch: held.Held, node: int, hosts: Path) -> tuple[subprocess.Popen, held.Held]:
     """A node's holder; made inside the switch's user namespace when there is one (so that the
     switch may move the node's end of its link into it)."""
-    inside = ["nsenter", "-t", str(switch_pid), "-U", "--preserve-credentials"] if with_user_namespace() else []
-    return start_holder([*inside, "unshare", "--net", "--uts", "--mount", "--kill-child", "--fork",
-                         "sh", "-c", NODE_SH, "node", plan.host(node), str(hosts)])
+    inside = ([tool("nsenter"), *switch.nsenter_options(("user",)), "--preserve-credentials", "--"]
+              if with_user_namespace() else [])
+    return start_holder(f"node {node}", [*inside, tool("unshare"), "--net", "--uts", "--mount", "--kill-child",
+                                         "--fork", "/bin/sh", "-c", NODE_SH, "node", plan.host(node), str(hosts),
+                                         tool("hostname"), tool("mount"), tool("ip")], node=True)
 
 
-def batch(pid: int, tool: str, lines: list[str], what: str) -> None:
-    """Run ``tool -batch -`` (ip or tc) with ``lines`` in holder ``pid``'s network namespace."""
-    done = subprocess.run([*enter(pid), tool, "-batch", "-"], input="\n".join(lines) + "\n",
-                          capture_output=True, text=True)
+def batch(h: held.Held, name: str, lines: list[str], what: str, pass_fds: tuple[int, ...] = ()) -> None:
+    """Run ``name -batch -`` (ip or tc) with ``lines`` in the network namespace ``h`` holds."""
+    done = subprocess.run([*enter(h), tool(name), "-batch", "-"], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, pass_fds=pass_fds)
     if done.returncode != 0:
-        raise NodesError(NODE_COMMAND.format(node=what, host=what, command=f"{tool} -batch", code=done.returncode,
+        raise NodesError(NODE_COMMAND.format(node=what, host=what, command=f"{name} -batch", code=done.returncode,
                                              output=done.stderr.strip(), hint="This is a bug in distlab's nodes."))
 
 
-def link_nodes(switch_pid: int, node_pids: list[int]) -> None:
-    """One veth pair per node: ``eth0`` in the node, its port on the switch's bridge."""
+def link_nodes(switch: held.Held, nodes: list[held.Held]) -> None:
+    """One veth pair per node: ``eth0`` in the node (moved there through its held namespace file), its
+    port on the switch's bridge."""
     lines = []
-    for k, pid in enumerate(node_pids):
+    for k, node in enumerate(nodes):
         port = plan.switch_port(k)
-        lines += [f"link add {port} type veth peer name {plan.NODE_IF} netns {pid}",
+        lines += [f"link add {port} type veth peer name {plan.NODE_IF} netns {node.inherited('net')}",
                   f"link set {port} master {plan.SWITCH_BRIDGE}", f"link set {port} up"]
-    batch(switch_pid, "ip", lines, "switch")
-    for k, pid in enumerate(node_pids):
-        batch(pid, "ip", [f"addr add {plan.address(k)}/24 dev {plan.NODE_IF}", f"link set {plan.NODE_IF} up"],
+    batch(switch, "ip", lines, "switch", pass_fds=tuple(node.fds["net"] for node in nodes))
+    for k, node in enumerate(nodes):
+        batch(node, "ip", [f"addr add {plan.address(k)}/24 dev {plan.NODE_IF}", f"link set {plan.NODE_IF} up"],
               plan.host(k))
 
 
-def shape(switch_pid: int, node_pid: int, node: int, bits: int | None) -> None:
+def shape(switch: held.Held, node_h: held.Held, node: int, bits: int | None) -> None:
     """Set node ``node``'s link rate on both ends (what it sends, what it receives); None: no limit."""
-    for pid, dev in ((node_pid, plan.NODE_IF), (switch_pid, plan.switch_port(node))):
+    for h, dev in ((node_h, plan.NODE_IF), (switch, plan.switch_port(node))):
         cmd = plan.shape_command(dev, bits)
-        done = subprocess.run([*enter(pid), "tc", *cmd], capture_output=True, text=True)
+        done = subprocess.run([*enter(h), tool("tc"), *cmd], capture_output=True, text=True)
         if done.returncode != 0 and bits is not None:  # (removing a limit that was never set fails: fine)
             raise NodesError(NODE_COMMAND.format(node=node, host=plan.host(node), command="tc " + " ".join(cmd),
                                                  code=done.returncode, output=done.stderr.strip(),
                                                  hint="Check that the kernel has the tbf qdisc (sch_tbf)."))
 
 
-def link_stats(switch_pid: int) -> str:
-    return subprocess.run([*enter(switch_pid), "ip", "-j", "-s", "link", "show"], capture_output=True,
+def link_stats(switch: held.Held) -> str:
+    return subprocess.run([*enter(switch), tool("ip"), "-j", "-s", "link", "show"], capture_output=True,
                           text=True, check=True).stdout
 
 
-def kill_inside(holder_pid: int) -> list[int]:
-    """SIGKILL every process in holder ``holder_pid``'s network namespace except the holder and the
-    ``unshare`` that made it (which keep the namespace); their pids."""
+def kill_inside(h: held.Held, passes: int = 20) -> list[int]:
+    """SIGKILL every process in the network namespace ``h`` holds, found by the namespace's inode (never
+    by a pid's link text), except its holder and the ``unshare`` that made it, which keep the node.
+    Repeats until a pass finds nothing, so a process forking while it runs does not outlive it. Refuses
+    this process's own namespace (it would kill everything on the host). Their pids."""
     import signal
 
-    try:
-        net = os.readlink(f"/proc/{holder_pid}/ns/net")
-        keep = {holder_pid, int(Path(f"/proc/{holder_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])}
-    except OSError:
-        return []
-    killed = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in keep:
-            continue
-        try:
-            if os.readlink(f"/proc/{entry}/ns/net") == net:
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
-        except OSError:  # gone, or not ours to look at
-            continue
+    net = h.inode("net")
+    if net == held.own_inode("net"):
+        raise NodesError(f"distlab: refusing to kill the processes of {h.name}: its network namespace is this "
+                         "process's own (the host's). This is a bug in distlab's nodes.")
+    keep, killed = {h.pid, h.starter_pid, os.getpid()}, []
+    for _ in range(passes):
+        found = held.members(net, keep)
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
     return killed
 
 

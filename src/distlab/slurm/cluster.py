@@ -172,8 +172,12 @@ class LocalCluster:
 
     def __repr__(self) -> str:
         state = "running" if self.running() else "stopped"
-        where = f", nodes={','.join(self.hosts)}" if self.nodes is not None else ""
-        return f"LocalCluster({state}{where}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
+        if self.nodes is None:
+            return f"LocalCluster({state}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
+        # no SLURM_CONF here: from a terminal on the host it would send requests to 10.77.0.1 out of the real
+        # network interface; the controller is reached only through this notebook's login shims
+        return (f"LocalCluster({state}, nodes={','.join(self.hosts)}, partition={self.partition!r}, "
+                "Slurm commands from this notebook only)")
 
     def stop(self) -> None:
         """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
@@ -406,7 +410,8 @@ def _start_on_nodes(cluster: LocalCluster) -> None:
     """slurmctld on node0, one slurmd per node (``-N`` its node name), Slurm's commands through the
     login shims (:mod:`distlab.slurm.login`); ready when every node is idle."""
     nodes = cluster.nodes
-    login.write_shims(cluster.folder, nodes.pids[0], nodes.hosts[0])
+    login.write_shims(cluster.folder, login.door(nodes.namespaces_of(0)), nodes.hosts[0])
+    nodes.on_close(cluster.stop)  # a cluster whose nodes close stops with them: its shims leave PATH
     log = cluster.folder / "log"
     ctld = _daemon(cluster, "slurmctld", nodes.command(0, ["slurmctld", "-D", "-i"]))
     cluster.daemons.append(ctld)

@@ -1,0 +1,34 @@
+"""A Slurm cluster on nodes the caller made, after those nodes close (issue #45, item 2).
+
+``with Nodes(2) as n: c = local_cluster(nodes=n)`` with ``c`` used after the block: the cluster stops with
+its nodes and takes its login shims off PATH, and a shim kept from before sends nothing anywhere (it used to
+enter whatever namespace held node0's old pid). Its own module: a second cluster must not meet the
+module-wide one of ``test_slurm_nodes.py``.
+"""
+import os
+import subprocess
+
+import pytest
+from procs import running
+
+import distlab
+from distlab import slurm
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_cluster_stops_with_its_nodes_and_its_shims_then_refuse(module_runs_root, tmp_path):
+    path = os.environ["PATH"]
+    with distlab.Nodes(2) as nodes:
+        cluster = slurm.local_cluster(nodes=nodes, use_existing=False)
+        assert "SLURM_CONF" not in repr(cluster) and "10.77.0." not in repr(cluster)
+        kept = tmp_path / "squeue"
+        kept.write_text((cluster.folder / "bin" / "squeue").read_text())
+        kept.chmod(0o700)
+        assert subprocess.run([str(kept), "-h"], capture_output=True, text=True).returncode == 0  # it works now
+        daemons = list(cluster.daemons)
+    assert not cluster.running() and not [d.name for d in daemons if running(d.pid)]
+    assert os.environ["PATH"] == path and not cluster.folder.exists()
+    after = subprocess.run([str(kept), "-h"], capture_output=True, text=True, timeout=30)
+    assert after.returncode == 1 and after.stdout == ""
+    assert after.stderr.startswith("distlab: this Slurm cluster's nodes are gone"), after.stderr
