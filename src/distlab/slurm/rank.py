@@ -142,11 +142,16 @@ def main(argv: list[str]) -> int:
         ranks = [base | rank_environment(base)]
     else:
         ranks = [base | agent_environment(i, nproc) for i in range(nproc)]
+    # The ranks start with the warning signals held (blocked, so pending, not lost): the worker runtime
+    # delivers them once the job's own code has a handler (distlab.worker.release_on_handler); a warning
+    # that came while a rank still imported torch killed it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_HERE)
     children = {int(env["RANK"]): start_rank(folder, attempt_dir, attempt, run, env, argv) for env in ranks}
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: [c.send_signal(s) for c in children.values() if c.poll() is None])
     for sig in IGNORED_HERE:
-        signal.signal(sig, lambda s, _f: None)  # a handler, not SIG_IGN: the ranks start with the default
+        signal.signal(sig, lambda s, _f: None)  # a handler, not SIG_IGN, which the ranks would inherit
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_HERE)  # (this process lives through them)
     codes = wait_all(children, lambda rank, code: write_private(exit_file(attempt_dir, rank), str(code)))
     first = next((c for c in codes if c != 0), 0)
     return exit_status(first)
