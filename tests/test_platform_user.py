@@ -39,13 +39,18 @@ def host():
     return socket.gethostname()
 
 
+def placed():
+    return f"{socket.gethostname()} rank {os.environ['RANK']}"
+
+
 nodes = distlab.Nodes(2)
 spawned = distlab.spawn(where, nprocs=1, nodes=nodes, view=None, timeout=180).returns
+launched = distlab.launch(placed, world_size=1, nodes=nodes, view=None, timeout=180).returns  # standby agents
 with distlab.Ranks(1, nodes=nodes) as ranks:
     warm = dict(ranks.run(host))
 nodes.close()
-print("RESULT", json.dumps({"spawned": spawned, "warm": warm, "uid": os.getuid(), "path": os.environ["PATH"],
-                            "distlab": distlab.__file__}))
+print("RESULT", json.dumps({"spawned": spawned, "launched": launched, "warm": warm, "uid": os.getuid(),
+                            "path": os.environ["PATH"], "distlab": distlab.__file__}))
 '''
 
 
@@ -64,6 +69,7 @@ def test_an_ordinary_user_runs_ranks_on_nodes(learner):
     assert got["uid"] == learner.uid and "/usr/sbin" not in got["path"]
     assert got["distlab"].startswith(str(copy))  # its own copy, not the checkout
     assert got["spawned"] == {"0": {"host": "node0", "sum": 3.0}, "1": {"host": "node1", "sum": 3.0}}
+    assert got["launched"] == {"0": "node0 rank 0", "1": "node1 rank 1"}
     assert got["warm"] == {"0": "node0", "1": "node1"}
     assert done.left_behind == []  # nodes, standby agents and warm ranks all went with close()
 
