@@ -20,8 +20,22 @@ from test_notebooks import unexpected_tracebacks
 pytestmark = pytest.mark.slow
 
 PROBE = '''
-import json, os, socket
+import json, os, socket, subprocess, sys
 import distlab
+from distlab.folders import private
+
+# in a user namespace like the nodes': the kernel's root is trusted, a root never checked outside is not
+INSIDE = """if True:
+    from pathlib import Path
+    from distlab.errors import RunFolderError
+    from distlab.folders import private
+    print(private.private_root())
+    try:
+        private.private_root(Path.home() / "never-checked-outside")
+        print("accepted")
+    except RunFolderError as e:
+        print("refused" if "inside this user namespace" in str(e) else e)
+"""
 
 
 def where(rank):
@@ -49,8 +63,11 @@ launched = distlab.launch(placed, world_size=1, nodes=nodes, view=None, timeout=
 with distlab.Ranks(1, nodes=nodes) as ranks:
     warm = dict(ranks.run(host))
 nodes.close()
+inside = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", INSIDE],
+                        capture_output=True, text=True).stdout.split()
 print("RESULT", json.dumps({"spawned": spawned, "launched": launched, "warm": warm, "uid": os.getuid(),
-                            "path": os.environ["PATH"], "distlab": distlab.__file__}))
+                            "path": os.environ["PATH"], "distlab": distlab.__file__,
+                            "root": str(private.private_root()), "inside": inside}))
 '''
 
 
@@ -71,6 +88,7 @@ def test_an_ordinary_user_runs_ranks_on_nodes(learner):
     assert got["spawned"] == {"0": {"host": "node0", "sum": 3.0}, "1": {"host": "node1", "sum": 3.0}}
     assert got["launched"] == {"0": "node0 rank 0", "1": "node1 rank 1"}
     assert got["warm"] == {"0": "node0", "1": "node1"}
+    assert got["inside"] == [got["root"], "refused"]  # the same root in there; one nobody vouched for, refused
     assert done.left_behind == []  # nodes, standby agents and warm ranks all went with close()
 
 
