@@ -38,6 +38,7 @@ import time
 
 from distlab.folders.private import PRIVATE_DIR, open_private, write_private
 from distlab.folders.runfolder import RunFolder
+from distlab.forkserver import mode as launchmode
 
 from .layout import exit_file, rank_run_json
 
@@ -113,14 +114,14 @@ def start_rank(folder: RunFolder, attempt_dir, attempt: int, run: dict, env: dic
     tmp = private_tmp(folder, attempt, rank)
     env = {**env, "TMPDIR": tmp}
     with open_private(RunFolder.rank_log(attempt_dir, rank, "out"), "ab") as out:
-        return subprocess.Popen([sys.executable, "-u", *start_module(run), str(run_json), *argv],
+        return subprocess.Popen(launchmode.python_argv(*start_module(run), str(run_json), *argv),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
 
 
 def start_module(run: dict) -> list[str]:
     """How a rank starts: ``distlab.launch.rank``; on several nodes through :mod:`distlab.slurm.bound`, so that
     rank 0's ``env://`` store listens on MASTER_ADDR's address only, not on every interface."""
-    return ["-m", "distlab.launch.rank"] if run.get("single_node") else ["-m", "distlab.slurm.bound", "start"]
+    return ["distlab.launch.rank"] if run.get("single_node") else ["distlab.slurm.bound", "start"]
 
 
 def exit_status(code: int) -> int:
