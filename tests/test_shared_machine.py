@@ -127,6 +127,7 @@ def test_another_user_can_neither_read_nor_plant_anything_in_a_run(other_user, s
     assert {name for name, m in modes.items() if m & 0o077} == set(), modes  # 0700 folders, 0600 files
     assert torch.equal(res.returns[0], torch.full((3,), 2.0))
     assert "secret output" in (run / "logs/attempt0/rank0.out").read_text()
-    others = [p for p in root.iterdir() if p.name != run.name]  # at most this process's private temp folder
+    assert stat.S_IMODE((root / private.VOUCHED).lstat().st_mode) == 0o600  # the mark of the root's check
+    others = [p for p in root.iterdir() if p.name not in (run.name, private.VOUCHED)]  # this process's temp folder
     assert all(p.name.startswith(private.folder_prefix(os.getpid())) and stat.S_IMODE(p.stat().st_mode) == 0o700
                for p in others), others

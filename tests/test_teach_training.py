@@ -360,3 +360,26 @@ def test_plain_python_run_trains_like_the_reference(ns, script, tmp_path):
     ref = T.reference_train(128, 16, 2, 2)
     state = torch.load(ckpt, weights_only=True)
     assert state["epoch"] == 2 and T.max_abs_difference(state["model"], ref["model"]) < 1e-6
+
+
+class _LocalNodes:
+    """Runs each "node" command here, and keeps the environment it was given (no namespaces)."""
+
+    hosts = ["node0", "node1"]
+
+    def __init__(self):
+        self.envs = []
+
+    def popen(self, node, argv, **kwargs):
+        self.envs.append(kwargs.get("env"))
+        return subprocess.Popen(argv, **kwargs)
+
+
+def test_commands_on_nodes_print_their_lines_as_they_come_whatever_the_kernels_environment(monkeypatch):
+    """chapter 9 watches a node's lines to kill it mid-training: a script's print into torchrun's
+    --tee file is block-buffered unless PYTHONUNBUFFERED is set (a learner's Jupyter does not set it)."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    nodes = _LocalNodes()
+    run = T.OnNodes(nodes, ["echo one", "echo two"], echo=False)
+    assert run.wait(timeout=30) == ["one", "two"]
+    assert [env["PYTHONUNBUFFERED"] for env in nodes.envs] == ["1", "1"]

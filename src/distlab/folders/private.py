@@ -12,6 +12,10 @@ of, and a file distlab reads back must be a regular file only you can write. Eve
   another user could rename it out of (an ancestor owned by someone other than you or root, or
   writable by others without the sticky bit that ``/tmp`` has). A ``<tmp>`` root someone else
   created first is not a dead end: distlab warns and uses ``~/.cache/distlab-runs`` instead.
+* **Inside the nodes' user namespace** (an ordinary user's :class:`distlab.Nodes`), where you are
+  uid 0 and the host's root and every other user show as ``nobody``: the root keeps the name the
+  kernel gave it (``distlab-<your uid outside>``), and folders above it that show as ``nobody`` are
+  trusted only on the mark a check outside left in the root (:func:`ancestor_problem`, :func:`vouch`).
 * **What lives in the root.** Run folders (:mod:`distlab.folders.runfolder`) and each process's
   private temporary folder, ``proc-<host>-<pid>-<random>`` (:mod:`distlab.folders.privtmp`); the
   names of the latter are read here, so that pruning the root never needs that module.
@@ -28,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from distlab.errors import RUN_FOLDER, RunFolderError
+from distlab.folders import userns
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
@@ -35,6 +40,7 @@ ENV = "DISTLAB_RUNS"
 _WARNED: set[str] = set()  # fallback roots already announced in this process
 PREFIX = "proc-"
 NAME = re.compile(r"^proc-(?P<host>.+)-(?P<pid>\d+)-[^-]+$")  # mkdtemp's random part has no "-"
+VOUCHED = ".checked-outside-namespaces"  # see vouch()
 HOST_CHARS = 16  # a folder name stays short: the forkserver's socket path inside it must fit 107 bytes
 
 
@@ -107,24 +113,64 @@ def check_private_dir(path: Path) -> None:
                 "or set DISTLAB_RUNS to a private folder.")
 
 
-def check_ancestors(folder: Path) -> None:
+def check_ancestors(folder: Path, vouched: bool = False) -> None:
     """No other user may rename things inside ``folder`` or any folder above it.
 
     An ancestor must belong to you or root, and must not be writable by group/others unless it
     has the sticky bit (``/tmp``): otherwise someone could move your root away and put theirs.
+    ``vouched``: the root below these folders was checked outside the user namespace this process
+    runs in (see :func:`ancestor_problem`).
     """
+    view = userns.current()
     folder = Path(os.path.realpath(folder))
     for f in (folder, *folder.parents):
         try:
             st = os.stat(f)
         except FileNotFoundError:
             continue  # created later, by you, 0700
-        if st.st_uid not in (0, os.geteuid()):
-            refuse(f, f"it belongs to {_user(st.st_uid)}, who could replace what distlab puts there",
+        problem = ancestor_problem(st.st_uid, st.st_mode, os.geteuid(), view, vouched)
+        if problem == HIDDEN_OWNER:
+            refuse(f, problem.format(uid=st.st_uid), HIDDEN_OWNER_HINT)
+        if problem:
+            refuse(f, problem.format(user=_user(st.st_uid), mode=stat.S_IMODE(st.st_mode)),
                     "Set DISTLAB_RUNS to a folder inside your home directory.")
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            refuse(f, f"others can write to it and it has no sticky bit (mode {stat.S_IMODE(st.st_mode):04o})",
-                    "Set DISTLAB_RUNS to a folder inside your home directory.")
+
+
+HIDDEN_OWNER = ("it shows as owned by uid {uid} (nobody): inside this user namespace (distlab's nodes) "
+                "the host's root and every other user look alike, so distlab cannot tell who could replace "
+                "what it puts there")
+HIDDEN_OWNER_HINT = ("Use distlab outside the namespace first (in the notebook: a launch or distlab.Nodes() "
+                     "checks the runs root with real owners), or set DISTLAB_RUNS to that root.")
+
+
+def ancestor_problem(uid: int, mode: int, me: int, view: userns.UidView, vouched: bool) -> str | None:
+    """Why a folder that owns ``uid`` with ``mode`` may not sit above your runs root (a template
+    with ``{user}``, ``{mode}`` or ``{uid}``), or None. Pure.
+
+    On the host, owners are real: root or you, and nobody else may write there (sticky ``/tmp``
+    aside). Inside the nodes' user namespace (:mod:`distlab.folders.userns`) the host's root and
+    every other user show as the same overflow uid, so ``/`` and ``/tmp`` cannot be told from
+    alice's home. Such a folder is trusted only when both hold:
+
+    * ``vouched``: the runs root below it carries the mark a check *outside* the namespace left
+      (:func:`vouch`). That check saw the real owners of these same folders and refused alice's;
+      a folder of root's cannot have changed hands since (only root can chown), and the root itself,
+      0700 and yours, cannot have been moved there by anyone else. The notebook always checks
+      first: every launch and ``distlab.Nodes()`` itself make their files in the runs root before
+      any process starts on a node, and those processes inherit that root.
+    * its mode bits still refuse group and others writing (or it is sticky, like ``/tmp``): the
+      part of the rule this side can still see.
+
+    Without the mark (a root first made inside the namespace) the folder is refused, as before.
+    """
+    if uid not in (0, me):
+        if not view.hides(uid):
+            return "it belongs to {user}, who could replace what distlab puts there"
+        if not vouched:
+            return HIDDEN_OWNER
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        return "others can write to it and it has no sticky bit (mode {mode:04o})"
+    return None
 
 
 def check_private_file(path: Path) -> None:
@@ -186,7 +232,7 @@ def default_root() -> Path:
     if runtime and is_private_dir(Path(runtime)):
         return Path(runtime) / "distlab-runs"
     temp = tempfile.gettempdir()
-    return root_of(temp) or Path(temp) / f"distlab-{os.getuid()}"
+    return root_of(temp) or Path(temp) / f"distlab-{userns.current().outer_uid(os.getuid())}"
 
 
 def fallback_root() -> Path:
@@ -231,20 +277,48 @@ def _checked_root(path: Path | None) -> Path:
     (a link someone could re-point later would send the next run elsewhere)."""
     path = Path(default_root() if path is None else path).expanduser().absolute()
     path = resolved_folder(path.parent) / path.name  # the root itself, if a link, is refused below
-    check_ancestors(path.parent)
+    vouched = not userns.current().initial and is_vouched(path)
+    check_ancestors(path.parent, vouched)
     try:
         try:
             os.mkdir(path, PRIVATE_DIR)
         except FileNotFoundError:
             os.makedirs(path.parent, PRIVATE_DIR, exist_ok=True)  # the user's own DISTLAB_RUNS path
-            check_ancestors(path.parent)
+            check_ancestors(path.parent, vouched)
             os.mkdir(path, PRIVATE_DIR)
     except FileExistsError:
         pass  # checked below, whoever made it
     except PermissionError as e:
         refuse(path, f"you cannot create it ({e.strerror})", "Set DISTLAB_RUNS to a folder of yours.")
     check_private_dir(path)
+    if not vouched:
+        vouch(path)
     return path
+
+
+def vouch(root: Path) -> None:
+    """Leave in ``root`` (checked, with every folder above it, by the caller) the mark that says
+    so: processes inside the nodes' user namespace, where the owners of those folders cannot be
+    seen, trust them on its strength (:func:`ancestor_problem`). Written once; only you can write
+    in the root, so only your own check can have left it."""
+    mark = root / VOUCHED
+    if not is_vouched(root):
+        write_private(mark, f"{root}\n")
+
+
+def is_vouched(root: Path) -> bool:
+    """``root`` is a private folder of yours holding the mark of a check of this very path (a mark
+    that names another path is from a root that was moved: it vouches for nothing here)."""
+    mark = root / VOUCHED
+    try:
+        st = os.lstat(mark)
+        if not (is_private_dir(root) and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+                and not st.st_mode & 0o077):
+            return False
+        with open(mark, encoding="utf-8") as f:
+            return f.read() == f"{root}\n"
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def host_name(name: str | None = None) -> str:

@@ -282,6 +282,9 @@ class OnNodes:
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **(env or {})}
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this torchrun
         env.setdefault("OMP_NUM_THREADS", "1")
+        # lines as they come (a lesson waits for one, then kills a node): a script's print() into
+        # torchrun's --tee file is block-buffered, and a learner's Jupyter does not set this for it
+        env.setdefault("PYTHONUNBUFFERED", "1")
         self.t0 = time.monotonic()
         self.lines: list[tuple[float, int, str]] = []
         self.lost: set[int] = set()
