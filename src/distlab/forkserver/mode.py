@@ -150,6 +150,13 @@ def forkserver_pid() -> int | None:
     return module.server_pid() if module is not None else None
 
 
+def adopted_server() -> int | None:
+    """The pid of the forkserver this process asks for ranks as its child (a node's forked agent,
+    ``distlab.forkserver.client.adopt``), else None."""
+    module = sys.modules.get("distlab.forkserver.client")
+    return module._ADOPTED[0] if module is not None and module._ADOPTED else None
+
+
 SPARE_NAME = "distlab-spare"  # an idle spare rank's process name (distlab.forkserver.spare sets it)
 
 

@@ -12,8 +12,9 @@ Where the agent runs:
   agent, a private ``FileStore`` for the ranks (no socket another user could open);
 * several nodes (``nnodes > 1``): torch's c10d rendezvous unpickles what it reads from its
   store, and whoever reaches ``rdzv_endpoint`` can write there. That agent runs in a child
-  process (``python -m distlab.launch.agent``), never in the kernel; its ranks' output streams from
-  the run folder as usual. It still runs as you: see the README's "On a shared machine".
+  process (``python -m distlab.launch.agent``, or on :class:`distlab.Nodes` forked from distlab's
+  forkserver onto its node: ``distlab.launch.agent.run_forked``), never in the kernel; its ranks'
+  output streams from the run folder as usual. It still runs as you: see the README's "On a shared machine".
 
 Cleanup (watcher, agent process, workers, store) always runs to its end: a Ctrl-C that arrives
 during it is held back, and only afterwards are the kernel's own signal handlers put back.
@@ -282,17 +283,11 @@ def _launch_agent_here(plan: Plan, run_json: Path) -> None:
     )
     # -- start-mode hook (#18): fork the ranks from distlab's forkserver; False: it could not start.
     # Across nodes only in an agent the server forked onto its node, which asks that server (#46).
-    here = local or forkserver_client_adopted()
+    here = local or launchmode.adopted_server() is not None
     if plan.start == "forkserver" and here and not plan.plain_python and forklaunch.run(config, plan, run_json):
         return
     args = ["-u", "-m", "distlab.launch.rank", str(run_json), str(plan.target), *plan.target_args]
     elastic_launch(config, sys.executable)(*args)
-
-
-def forkserver_client_adopted() -> bool:
-    """Whether this process is an agent the forkserver forked onto a node (it asks that server)."""
-    module = sys.modules.get("distlab.forkserver.client")
-    return bool(module is not None and module._ADOPTED)
 
 
 def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, nodes=None) -> None:
