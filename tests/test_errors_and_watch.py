@@ -190,3 +190,48 @@ def test_the_environment_search_skips_the_forkserver_and_what_it_forked_but_not_
     monkeypatch.setattr(psutil, "Process", lambda pid: pid)
     assert watch._environ_candidates(101) == [104, 105]  # a rank's own child, a process of the kernel
     assert watch._environ_candidates(None) == [101, 102, 103, 104, 105]  # no server: everything below the kernel
+
+
+def test_a_warning_signal_held_at_start_reaches_the_handler_installed_later():
+    """Issue #51: Slurm's warning (SIGUSR1) that reaches a rank still importing torch killed it (exit 138).
+    distlab's Slurm wrapper starts ranks with it blocked; the runtime delivers it once the job's handler is
+    installed. The child here gets the signal long before its handler exists."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent("""
+        import os, signal, sys, time
+        from distlab import worker
+        held = worker.held_warning_signals()
+        worker.release_on_handler(held)
+        print("held", *sorted(int(s) for s in held), flush=True)
+        sys.stdin.readline()          # the warning arrives meanwhile ("still importing torch")
+        got = []
+        signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+        time.sleep(0.2)
+        print("handled", got == [signal.SIGUSR1], "now", signal.signal is signal.__dict__["signal"], flush=True)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1]))
+    try:
+        assert proc.stdout.readline().split() == ["held", str(int(signal.SIGUSR1))]
+        proc.send_signal(signal.SIGUSR1)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().split() == ["handled", "True", "now", "True"]
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_a_held_signal_the_runtime_changes_nothing():
+    import signal
+
+    from distlab import worker
+
+    before = signal.signal
+    worker.release_on_handler(set())
+    assert signal.signal is before

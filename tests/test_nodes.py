@@ -368,3 +368,15 @@ def test_an_interrupt_of_the_kernels_process_group_leaves_the_nodes_standing():
     finally:
         kernel.kill()
         kernel.wait()
+
+
+def test_a_nodes_commands_keep_the_callers_path_and_find_the_system_tools(nodes):
+    """An ordinary Debian user's PATH lacks /usr/sbin (ip, tc); a node's commands get it appended, and
+    keep whatever PATH the caller gave first (a launcher puts its own Python's folder there)."""
+    argv = nodes.command(0, ["sh", "-c", 'echo "$PATH"; command -v ip; command -v tc'])
+    done = subprocess.run(argv, env={"PATH": "/opt/first:/usr/local/bin:/usr/bin:/bin"}, capture_output=True,
+                          text=True, check=True)
+    path, ip, tc = done.stdout.split("\n")[:3]
+    assert path.startswith("/opt/first:/usr/local/bin:/usr/bin:/bin:") and "/usr/sbin" in path.split(":")
+    assert ip.endswith("/ip") and tc.endswith("/tc")
+    assert namespaces.missing_tools(path="/usr/local/bin:/usr/bin:/bin") == []  # found where Debian keeps them

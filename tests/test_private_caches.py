@@ -1,8 +1,11 @@
 """Temporary files and torch.compile's cache of every process distlab (or the book) starts stay in
 the user's private runs root, not in the shared temp folder where another user could plant them."""
+import ast
+import getpass
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -33,6 +36,107 @@ def test_a_runs_root_that_cannot_be_used_gives_a_fresh_private_folder_not_the_sh
     finally:
         os.rmdir(folder)
 
+
+
+def test_torch_s_own_default_or_a_folder_others_could_write_counts_as_unset(tmp_path):
+    """Before: any TORCHINDUCTOR_CACHE_DIR was the user's choice, torch's shared default included (torch sets
+    it when torch._dynamo or torch._inductor is imported before distlab)."""
+    root = tmp_path / "root"
+    private = {"TORCHINDUCTOR_CACHE_DIR": str(root / "compile-cache")}
+    default = compile_cache.shared_default()
+    assert default == os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    assert compile_cache.wanted({"TORCHINDUCTOR_CACHE_DIR": default}, root) == private
+    opened, mine = tmp_path / "open", tmp_path / "mine"
+    opened.mkdir(mode=0o700)
+    os.chmod(opened, 0o777)
+    mine.mkdir(mode=0o700)
+    assert compile_cache.wanted({"TORCHINDUCTOR_CACHE_DIR": str(opened)}, root) == private
+    assert compile_cache.distrust(str(opened)) == "is writable by others (mode 777)"
+    assert compile_cache.distrust(str(mine)) is None
+    assert compile_cache.distrust(str(mine), uid=os.getuid() + 1) == f"belongs to uid {os.getuid()}, not you"
+    assert compile_cache.distrust(default).startswith("is torch's shared default")
+
+
+def test_a_cache_folder_others_could_write_is_replaced_with_a_warning(tmp_path, monkeypatch):
+    patched = []
+    monkeypatch.setattr(compile_cache, "replace_default_cache_dir", patched.append)
+    opened = tmp_path / "open"
+    opened.mkdir()
+    os.chmod(opened, 0o777)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(opened)}
+    with pytest.warns(RuntimeWarning) as caught:
+        folder = compile_cache.use_private_cache(env)
+    assert str(caught[0].message) == compile_cache.CACHE_REPLACED.format(
+        folder=opened, why="is writable by others (mode 777)", private=folder)
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": folder} and patched == [folder] and folder != str(opened)
+
+
+def test_the_user_s_own_folder_is_kept_and_still_gets_the_header_folder(tmp_path, monkeypatch):
+    patched = []
+    monkeypatch.setattr(compile_cache, "replace_default_cache_dir", patched.append)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}
+    assert compile_cache.use_private_cache(env) is None
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")} and patched == [str(tmp_path / "mine")]
+    assert os.stat(tmp_path / "mine").st_mode & 0o777 == 0o700  # made by distlab, for you alone
+
+
+def test_a_torch_that_moved_what_distlab_patches_is_said_not_ignored(tmp_path, monkeypatch):
+    """Before: the import hook waited for a module name that a newer torch might not have, and did nothing."""
+    import types
+
+    moved = types.ModuleType(compile_cache.TORCH_MODULE)  # a torch without default_cache_dir there
+    codecache = types.ModuleType(compile_cache.HEADERS_MODULE)
+    codecache._HEADER_DIR = os.path.join(compile_cache.shared_default(), "precompiled_headers")
+    monkeypatch.setitem(sys.modules, compile_cache.TORCH_MODULE, moved)
+    monkeypatch.setitem(sys.modules, compile_cache.HEADERS_MODULE, codecache)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with pytest.warns(RuntimeWarning) as caught:
+        compile_cache.check_loaded(str(tmp_path))
+    said = [str(w.message) for w in caught]
+    assert said == [compile_cache.CACHE_UNPATCHED.format(what=f"{compile_cache.TORCH_MODULE}.default_cache_dir",
+                                                         folder="(not found)", private=tmp_path),
+                    compile_cache.CACHE_UNPATCHED.format(what=f"{compile_cache.HEADERS_MODULE}._HEADER_DIR",
+                                                         folder=codecache._HEADER_DIR, private=tmp_path)]
+
+
+BEFORE_DISTLAB = """
+    import os, sys, warnings
+    warnings.simplefilter("always")
+    import torch._dynamo  # torch.compile's first import: torch sets TORCHINDUCTOR_CACHE_DIR to its shared default
+    shared = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    with warnings.catch_warnings(record=True) as said:
+        import distlab
+    import torch._inductor.codecache as codecache
+    from torch._inductor.runtime import cache_dir_utils, runtime_utils
+    from torch._dynamo.package import DynamoCache
+    print(repr({"shared": shared, "env": os.environ["TORCHINDUCTOR_CACHE_DIR"], "said": [str(w.message) for w in said],
+                "defaults": [cache_dir_utils.default_cache_dir(), runtime_utils.default_cache_dir(),
+                             codecache.default_cache_dir()],
+                "headers": codecache._HEADER_DIR, "dynamo": DynamoCache.path_prefix()}))
+"""
+
+
+@pytest.mark.slow
+def test_torch_imported_before_distlab_still_compiles_into_the_private_cache(shared_tmp):
+    done = _fresh_python(BEFORE_DISTLAB, _env_in(shared_tmp))
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    private = seen["env"]
+    assert private != seen["shared"] and not private.startswith(str(shared_tmp / "torchinductor_")), seen
+    assert seen["said"] == [compile_cache.CACHE_REPLACED.format(
+        folder=seen["shared"], why=compile_cache.TORCH_DEFAULT, private=private)]
+    assert seen["defaults"] == [private] * 3
+    assert seen["headers"] == os.path.join(private, "precompiled_headers")
+    assert seen["dynamo"] == os.path.join(private, "dynamo")
+
+
+@pytest.mark.slow
+def test_a_cache_folder_the_user_chose_gets_the_precompiled_headers_too(tmp_path):
+    """Before: with TORCHINDUCTOR_CACHE_DIR set, the headers still went to <tmp>/torchinductor_<user>."""
+    mine = tmp_path / "mine"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(mine)}
+    done = _fresh_python("import distlab, torch._inductor.codecache as c; print(c._HEADER_DIR)", env)
+    assert done.stdout.strip() == str(mine / "precompiled_headers"), done.stderr[-3000:]
 
 def _fresh_python(code: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,

@@ -263,6 +263,54 @@ def test_another_user_cannot_enter_the_jobs_folders(cluster, other_user):
         assert done.returncode != 0, f"{other_user.pw_name} could list {path}"
 
 
+
+def test_the_spool_is_entered_not_listed_once_slurmd_runs(cluster):
+    """slurmd keeps each job's batch script in a folder of the job's user in its spool: the spool
+    itself stays 0711 after slurmd started (it may make it 0755), so the door's group cannot list jobs."""
+    assert cluster.door.stat().st_mode & 0o777 == 0o710
+    assert (cluster.door / "spool").stat().st_mode & 0o777 == 0o711
+
+
+SHARED_GROUP = "distlab-shared-grp"
+SHARERS = ("distlab-share-a", "distlab-share-b")
+
+
+@pytest.fixture
+def job_user_with_a_shared_group():
+    """Two accounts with the same primary group (as ``users`` on many machines); removed afterwards."""
+    subprocess.run(["groupadd", "--system", SHARED_GROUP], capture_output=True, check=True)
+    try:
+        for name in SHARERS:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "-g",
+                            SHARED_GROUP, name], capture_output=True, check=True)
+        yield SHARERS[0]
+    finally:
+        for name in SHARERS:
+            subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", SHARED_GROUP], capture_output=True)
+
+
+def test_a_job_user_whose_primary_group_others_share_is_refused(job_user_with_a_shared_group, monkeypatch):
+    """Before: the door (conf, munge socket, jobs) was open to the job user's whole primary group, and a
+    member of a shared one got munge credentials and ran jobs. Refused before anything starts."""
+    import grp
+
+    monkeypatch.setattr(cluster_module, "_CURRENT", None)  # not the module's running cluster: a new one
+    before = set(Path(cluster_module.system_tmp()).glob("distlab-slurm-*"))
+    try:
+        started = slurm.local_cluster(use_existing=False, user=SHARERS[0])
+    except cluster_module.ClusterError as e:
+        caught = e
+    else:
+        started.stop()  # nothing a test starts outlives it, even when it fails
+        pytest.fail("a cluster started whose door the job user's whole primary group could enter")
+    gid = grp.getgrnam(SHARED_GROUP).gr_gid
+    from distlab.slurm.errors import CLUSTER, SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM
+
+    assert str(caught) == CLUSTER.format(problem=SHARED_GROUP_PROBLEM.format(
+        user=SHARERS[0], group=SHARED_GROUP, gid=gid, others=SHARERS[1]), hint=SHARED_GROUP_HINT)
+    assert set(Path(cluster_module.system_tmp()).glob("distlab-slurm-*")) == before  # no door was made
+
 @pytest.mark.parametrize("mode", ["torchrun", "tasks"])
 def test_a_one_node_job_hosts_no_store_on_a_port(cluster, mode):
     """torchrun's c10d store (and rank 0's TCPStore in tasks mode) listened on every interface, and

@@ -70,6 +70,12 @@ def test_the_cluster_has_two_nodes_that_slurm_commands_on_the_host_reach(cluster
     assert "10.77.0.2:6818" in cluster.nodes.run(1, "ss -ltnH").stdout
 
 
+def test_each_node_s_spool_is_entered_not_listed_once_its_slurmd_runs(cluster):
+    """Before: slurmd made its spool (where each job's folder of the job's user goes) 0755 when it started."""
+    for host in cluster.nodes.hosts:
+        assert (cluster.door / "spool" / host).stat().st_mode & 0o777 == 0o711, host
+
+
 def test_sbatch_by_hand_as_the_job_user_runs_a_task_on_each_node(cluster):
     work = cluster.workdir()
     (work / "hello.sbatch").write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n"

@@ -8,6 +8,7 @@ import pytest
 
 from distlab.slurm import cluster, commands, errors, job, jobuser, rank, slurmconf, spec
 from distlab.slurm.commands import JobState
+from distlab.slurm.errors import NO_CONFIG, SlurmNotFoundError
 
 
 def _spec(**kw):
@@ -526,3 +527,56 @@ def test_a_login_shim_enters_through_the_held_file_and_refuses_anything_else(tmp
             assert refused.stderr.startswith("distlab: this Slurm cluster's nodes are gone"), refused.stderr
     finally:
         own.close()
+
+def test_who_shares_the_job_user_s_primary_group():
+    from types import SimpleNamespace as Row
+
+    me = Row(pw_name="learner", pw_gid=100)
+    accounts = [me, Row(pw_name="alice", pw_gid=100), Row(pw_name="bob", pw_gid=1001)]
+    assert cluster.group_sharers(me, accounts, Row(gr_mem=["carol", "learner"])) == ["alice", "carol"]
+    assert cluster.group_sharers(me, [me], Row(gr_mem=[])) == []
+
+
+# --- no Slurm command of distlab asks the site's DNS for a controller (configless mode) ----------------------
+
+FAKE_SCONTROL = ('#!/bin/sh\necho "SLURM_CONF=${SLURM_CONF-unset}" >> "$(dirname "$0")/ran"\n'
+                 'echo "Slurmctld(primary) at x is UP"\n')
+
+
+@pytest.fixture
+def fake_scontrol(tmp_path, monkeypatch):
+    """An ``scontrol`` first on PATH that records the SLURM_CONF it was run with, and no slurm.conf anywhere."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(commands, "DEFAULT_CONFS", (str(tmp_path / "etc" / "slurm.conf"),), raising=False)
+    return bin_dir / "ran"
+
+
+def test_with_no_slurm_conf_no_slurm_command_runs(fake_scontrol):
+    """Before: ``scontrol ping`` ran with no configuration, and Slurm asked DNS for ``_slurmctld._tcp``."""
+    assert cluster.controller_answers() is False
+    with pytest.raises(SlurmNotFoundError) as caught:
+        commands.ping()
+    assert str(caught.value) == NO_CONFIG.format(conf=None, defaults=commands.DEFAULT_CONFS[0])
+    assert not fake_scontrol.exists(), fake_scontrol.read_text()
+
+
+def test_a_slurm_conf_named_but_missing_runs_nothing(fake_scontrol, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "gone.conf"))  # Slurm would retry it for 60 s
+    assert cluster.controller_answers() is False
+    with pytest.raises(SlurmNotFoundError):
+        commands.ping()
+    assert not fake_scontrol.exists()
+
+
+def test_every_slurm_command_gets_slurm_conf_set(fake_scontrol, tmp_path):
+    conf = tmp_path / "etc" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text("ClusterName=x\n")
+    assert cluster.controller_answers() is True
+    commands.ping()
+    assert fake_scontrol.read_text().splitlines() == [f"SLURM_CONF={conf}"] * 2

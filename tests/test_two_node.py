@@ -144,8 +144,12 @@ def test_a_lost_machine_is_survived_by_an_elastic_restart_on_the_node_left(tmp_p
         saved = torch.load(ckpt, weights_only=True)["epoch"]
         outputs = run.wait(timeout=180)
     assert saw_at - lost_at < 5
-    resumed = [line for t, k, line in run.lines if k == 0 and t > saw_at and "Epoch" in line]
+    # the restarted attempt states where it resumed: a line of the old attempt may still arrive after the loss
+    node0 = [line for t, k, line in run.lines if k == 0 and t > saw_at]
+    restart = next(i for i, line in enumerate(node0) if ", resumed from " in line)
+    assert f"Rank 0, resumed from {ckpt} at epoch {saved} of 30" in node0[restart]  # from the last checkpoint
+    resumed = [line for line in node0[restart:] if "Epoch" in line]
     assert resumed and all(line.startswith("[default0]:Rank 0, ") for line in resumed)  # one rank left: rank 0
     assert "parameter checksum" in outputs[0]
-    assert f"Rank 0, Epoch {saved}, Batch 0" in resumed[0]  # from the last checkpoint
+    assert f"Rank 0, Epoch {saved}, Batch 0" in resumed[0]
     assert torch.load(ckpt, weights_only=True)["epoch"] == 30

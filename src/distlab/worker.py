@@ -51,8 +51,11 @@ def _install(run: dict) -> None:
     rank = rank_from_env()
     os.dup2(sys.stdout.fileno(), sys.stderr.fileno())  # one log per rank, prints and tracebacks in order
     stacks = open_private(_folder().stack(rank), "w")  # kept open for the signal handler
+    held = held_warning_signals()
     for sig in STACK_SIGNALS:
-        faulthandler.register(sig, file=stacks, all_threads=True)
+        if sig not in held:  # a held warning signal belongs to the job's own handler
+            faulthandler.register(sig, file=stacks, all_threads=True)
+    release_on_handler(held)
     write_private(_folder().ready(rank), str(os.getpid()))  # SIGUSR1 is safe from now on
     die_with_parent(run["parent_pid"])
     from distlab.rendezvous import retired_groups
@@ -67,6 +70,41 @@ def _install(run: dict) -> None:
 #: scripts often want SIGUSR1 for themselves (``--signal=USR1@90``: checkpoint before the time limit).
 #: SIGWINCH's default action is to do nothing, so no process of the job dies of it.
 STACK_SIGNALS = (signal.SIGUSR1, signal.SIGWINCH)
+
+#: the signals Slurm's warning before the time limit uses (``--signal=USR1@90``), held by distlab's Slurm
+#: wrappers while a rank starts (distlab.slurm.rank blocks them before starting it)
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def held_warning_signals() -> set[int]:
+    """The warning signals this process started with blocked: a Slurm rank, whose wrapper holds them."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return {sig for sig in WARNING_SIGNALS if sig in blocked}
+
+
+def release_on_handler(held: set[int], signals=signal) -> None:
+    """Deliver each held warning signal once the rank's own code installs a handler for it.
+
+    Slurm's warning can come at any moment of a rank's life; arriving while the rank still imports torch
+    (a loaded node, a slow file system), before the job's ``signal.signal(SIGUSR1, ...)``, its default
+    action killed the rank (exit 138) instead of letting it checkpoint. Blocked, it waits as pending; the
+    first ``signal.signal`` for it unblocks it (in the main thread, where Python runs handlers) and a
+    pending warning is then delivered to the handler. A rank that never installs one keeps it held."""
+    if not held:
+        return
+    original = signals.signal
+
+    def installing(signum, handler):
+        previous = original(signum, handler)
+        if signum in held:
+            held.discard(signum)
+            signals.pthread_sigmask(signals.SIG_UNBLOCK, [signum])
+        if not held:
+            signals.signal = original
+        return previous
+
+    signals.signal = installing
+
 
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 

@@ -65,11 +65,11 @@ class _ForkServer(mp_forkserver.ForkServer):
             listener.listen()
             alive_r, alive_w = os.pipe()
             try:
-                command = (f"{launchmode.SAFE_PATH_CODE}from distlab.forkserver.server import main; "
+                command = (f"from distlab.forkserver.server import main; "
                            f"main({listener.fileno()}, {alive_r}, {self._preload_modules!r}, {spare_count()})")
                 exe = spawn.get_executable()
-                flags = util._args_from_interpreter_flags()
-                args = [exe, *flags, *[f for f in launchmode.safe_path_flags() if f not in flags], "-c", command]
+                flags = [f for f in util._args_from_interpreter_flags() if f not in launchmode.safe_path_flags()]
+                args = launchmode.python_argv(code=command, python=exe, flags=flags)
                 pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
             except BaseException:
                 os.close(alive_w)

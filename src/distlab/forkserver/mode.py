@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 from distlab.errors import LaunchArgumentError
 
@@ -82,6 +83,35 @@ def safe_path_flags(version=None) -> list[str]:
     leaves it out; older Pythons run :data:`SAFE_PATH_CODE` first, before any import."""
     version = sys.version_info if version is None else version
     return ["-P"] if tuple(version) >= (3, 11) else []
+
+
+def importable_path() -> list[str]:
+    """What a rank started fresh appends to its ``sys.path`` (after the standard library): the kernel's,
+    with ``""`` named as the folder it stands for, and the working folder, which ``-m`` used to put
+    first (:func:`python_argv`): a module next to the notebook is still imported, ``json`` is not."""
+    cwd = os.getcwd()
+    return list(dict.fromkeys([*(p or cwd for p in sys.path), cwd]))
+
+
+def python_argv(module: str | None = None, *args: str, code: str | None = None, python: str | None = None,
+                flags: Sequence[str] = ("-u",), version=None) -> list[str]:
+    """The command line of every Python distlab starts: ``python -m MODULE ARGS`` or ``python -c CODE
+    ARGS``, never with the working folder first on ``sys.path``.
+
+    An agent, a standby or a rank runs in the notebook's working folder (on nodes, as root), and
+    ``-m``/``-c`` would put that folder before the standard library: a ``json.py`` another user
+    planted in a shared project folder would run in them. 3.11+: ``-P`` (:func:`safe_path_flags`).
+    3.10 has no ``-P``, so ``-m`` becomes ``-c`` code that drops the empty entry
+    (:data:`SAFE_PATH_CODE`) and then runs the module as ``-m`` would (``runpy``)."""
+    if (module is None) == (code is None):
+        raise TypeError("python_argv: give a module or code, not both")
+    python = sys.executable if python is None else python
+    safe = safe_path_flags(version)
+    if module is not None and safe:
+        return [python, *safe, *flags, "-m", module, *args]
+    if module is not None:
+        code = f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    return [python, *safe, *flags, "-c", SAFE_PATH_CODE + code, *args]
 
 
 def current_umask() -> int:

@@ -30,7 +30,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -157,7 +156,7 @@ def execute(plan: Plan, view, collect_returns: bool = True, nodes=None) -> RunRe
 def run_config(plan: Plan) -> dict:
     """run.json: what every worker's runtime reads first."""
     return {"run_dir": str(plan.run_dir), "parent_pid": os.getpid(), "single_node": plan.nnodes == 1,
-            "sys_path": [p for p in sys.path if p], "plain_python": plan.plain_python}
+            "sys_path": launchmode.importable_path(), "plain_python": plan.plain_python}
 
 
 def run_to_the_end(plan: Plan, watcher: watch.Watcher, nodes=None) -> Outcome:
@@ -286,8 +285,8 @@ def _launch_agent_here(plan: Plan, run_json: Path) -> None:
     here = local or launchmode.adopted_server() is not None
     if plan.start == "forkserver" and here and not plan.plain_python and forklaunch.run(config, plan, run_json):
         return
-    args = ["-u", "-m", "distlab.launch.rank", str(run_json), str(plan.target), *plan.target_args]
-    elastic_launch(config, sys.executable)(*args)
+    argv = launchmode.python_argv("distlab.launch.rank", str(run_json), str(plan.target), *plan.target_args)
+    elastic_launch(config, argv[0])(*argv[1:])
 
 
 def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, nodes=None) -> None:
@@ -312,9 +311,10 @@ def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, node
         if ready is not None and standby.hand(ready, folder.path, node, log_path):
             watcher.agents.append(ready)
             continue
-        argv = [sys.executable, "-u", "-m", AGENT_MODULE, str(folder.path)]
+        node_arg = [] if node is None else [str(node)]
+        argv = launchmode.python_argv(AGENT_MODULE, str(folder.path), *node_arg)
         if node is not None:
-            argv = nodes.command(node, [*argv, str(node)])
+            argv = nodes.command(node, argv)
         with open_private(log_path, "wb") as log:
             watcher.agents.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                                    stderr=subprocess.STDOUT))

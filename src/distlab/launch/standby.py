@@ -10,9 +10,10 @@ ends (the kernel went) exits; closing the nodes kills whatever runs on them, sta
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import weakref
+
+from distlab.forkserver import mode as launchmode
 
 _LOCK = threading.Lock()
 _WAITING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # nodes -> {node: Popen}
@@ -25,7 +26,8 @@ def waiting_pids() -> set[int]:
 
 
 def argv() -> list[str]:
-    return [sys.executable, "-u", "-m", "distlab.launch.agent", "--standby"]
+    """The standby's command line: never the working folder first on ``sys.path`` (it may run as root)."""
+    return launchmode.python_argv("distlab.launch.agent", "--standby")
 
 
 def take(nodes, node: int) -> subprocess.Popen | None:

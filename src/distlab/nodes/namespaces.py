@@ -67,11 +67,10 @@ def missing_tools(which=shutil.which, path: str | None = None) -> list[str]:
     return [name for name in TOOLS if tool(name, which, path) is None]
 
 
-def node_path(path: str | None = None) -> str:
-    """PATH for a program run on a node: yours, with the system folders after it, as root's PATH has them
-    (a learner types ``ip`` or ``tc`` on a node as on any machine of theirs)."""
-    parts = [p for p in (os.environ.get("PATH", "") if path is None else path).split(os.pathsep) if p]
-    return os.pathsep.join([*parts, *(d for d in SYSTEM_DIRS if d not in parts)])
+#: runs its arguments with the system folders appended to whatever PATH the caller gave (missing ones only),
+#: as root's PATH has them: a learner types ``ip`` or ``tc`` on a node as on any machine of theirs
+WITH_SYSTEM_DIRS = ("".join(f'case ":$PATH:" in *:{d}:*) ;; *) PATH="${{PATH:+$PATH:}}{d}";; esac; '
+                            for d in SYSTEM_DIRS) + 'export PATH; exec "$@"')
 
 
 def check_possible() -> None:
@@ -119,7 +118,7 @@ def enter(h: held.Held, *, uts_and_mounts: bool = False) -> list[str]:
     argv += h.nsenter_options(which)
     if uts_and_mounts:
         argv += [f"--wd={os.getcwd()}"]
-    return [*argv, "--", tool("env") or "/usr/bin/env", f"PATH={node_path()}"]
+    return [*argv, "--", "/bin/sh", "-c", WITH_SYSTEM_DIRS, "node"]
 
 
 def start_holder(name: str, argv: list[str], node: bool) -> tuple[subprocess.Popen, held.Held]:

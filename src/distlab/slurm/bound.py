@@ -120,6 +120,8 @@ def keep_warning_signals() -> None:
 
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, f: None)  # not SIG_IGN, which the ranks would inherit
+    # (blocked since main() began, and left so: the ranks inherit the mask and start with the warning held
+    # until their own handler exists, see distlab.worker.release_on_handler; the agent only has to live)
 
 
 def main(argv: list[str]) -> None:
@@ -127,6 +129,9 @@ def main(argv: list[str]) -> None:
     if what == "port":
         print(free_port(rest[0]))
     elif what == "torchrun":
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGUSR1, signal.SIGUSR2))  # before importing torch
         from torch.distributed.run import main as torchrun
 
         patch_torchrun()

@@ -20,30 +20,33 @@ code a notebook chose to run, and as root any mistake in it, or anyone who reach
 owns the machine. That user needs a few things of this cluster, in its *door*: a folder made in the
 system's temporary directory (``distlab-slurm-*``), owned by root and the job user's group, mode
 0710 (enter, not list), holding ``slurm.conf`` (0640), munged's socket, slurmd's spool and ``jobs/``
-(root's, 0711), where each job's run folder (the job user's, 0700) goes. Nobody outside that group
-can ask this munged for a credential, so no other user can talk to the daemons; everything else
-(key, state, logs) stays in the private folder.
+(root's, 0711), where each job's run folder (the job user's, 0700) goes; slurmd's spool is put back
+to 0711 once slurmd runs (it makes it 0755). Nobody outside that group can ask this munged for a
+credential, so no other user can talk to the daemons; so that group must be the job user's own (a
+job user whose primary group others share is refused). Everything else (key, state, logs) stays in
+the private folder.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import grp
 import json
 import os
 import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
+from distlab.forkserver import mode as launchmode
 
-from . import login
-from .errors import ClusterError
+from . import commands, login
+from .errors import SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM, ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
     PARTITION,
     PROGRAMS,
@@ -230,11 +233,13 @@ _CURRENT: LocalCluster | None = None
 
 
 def controller_answers(timeout: float = 10) -> bool:
-    """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP."""
-    if shutil.which("scontrol") is None:
+    """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP. Where no
+    slurm.conf exists, nothing runs: Slurm would ask the site's DNS for one (:mod:`.commands`)."""
+    if shutil.which("scontrol") is None or commands.config_file() is None:
         return False
     try:
-        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout,
+                              env=commands.client_env())
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0 and "UP" in done.stdout
@@ -271,6 +276,7 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
     name, create = choose_job_user(user, os.environ)
     existed = account_exists(name)
     account = ensure_account(name, create)
+    check_own_group(account)
     folder = Path(tempfile.mkdtemp(prefix="slurm-cluster-", dir=private_root(root)))
     if not existed:  # made for this cluster: it goes when the cluster stops
         write_private(folder / ACCOUNT_RECORD, name)
@@ -360,6 +366,30 @@ def ensure_account(name: str, create: bool) -> pwd.struct_passwd:
     return account
 
 
+def group_sharers(account: pwd.struct_passwd, accounts=None, group=None) -> list[str]:
+    """Who else has ``account``'s primary group, as their own primary group or as a listed member
+    (``accounts``/``group``: the system's tables unless given)."""
+    accounts = pwd.getpwall() if accounts is None else accounts
+    if group is None:
+        with contextlib.suppress(KeyError):
+            group = grp.getgrgid(account.pw_gid)
+    others = {a.pw_name for a in accounts if a.pw_gid == account.pw_gid} | set(getattr(group, "gr_mem", ()))
+    return sorted(others - {account.pw_name})
+
+
+def check_own_group(account: pwd.struct_passwd) -> None:
+    """The door is root:<the job user's primary group> 0710: whoever else has that group could reach
+    munged and the jobs. So the job user's primary group must be its own; refused otherwise."""
+    others = group_sharers(account)
+    if others:
+        try:
+            group = grp.getgrgid(account.pw_gid).gr_name
+        except KeyError:
+            group = str(account.pw_gid)
+        raise ClusterError(SHARED_GROUP_PROBLEM.format(user=account.pw_name, group=group, gid=account.pw_gid,
+                                                       others=", ".join(others)), SHARED_GROUP_HINT)
+
+
 def check_can_start() -> None:
     missing = missing_programs()
     if missing:
@@ -400,6 +430,7 @@ def _start_on_this_host(cluster: LocalCluster, sock: Path) -> None:
     _start_on_a_free_port(cluster, sock, "slurmd", ["slurmd", "-D"], "slurmd",
                           lambda: _ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"),
                           "slurmd's node did not become idle")
+    close_spools(cluster.door, [])
 
 
 #: the ports on the nodes: Slurm's defaults, free there (each node's network is new and the user's own)
@@ -428,6 +459,7 @@ def _start_on_nodes(cluster: LocalCluster) -> None:
     if not all(d.alive() for d in every):
         dead = next(d for d in every if not d.alive())
         raise ClusterError(f"{dead.name} exited", "Its log ends:\n" + "\n".join(_tail(log / f"{dead.name}.log")))
+    close_spools(cluster.door, nodes.hosts)
 
 
 def _all_idle(env: dict, n: int) -> bool:
@@ -460,6 +492,13 @@ def make_door(folder: Path, account: pwd.struct_passwd, node_spools=()) -> Path:
     os.mkdir(door / "jobs", 0o711)  # root's: the job user enters its own folders here, but renames nothing
     os.chmod(door / "jobs", 0o711)
     return door
+
+
+def close_spools(door: Path, hosts) -> None:
+    """Once slurmd runs: its spool (one per node: ``spool/<host>``) back to 0711. slurmd makes it 0755
+    when it starts, and the door's group could then list every job's folder there."""
+    for spool in [door / "spool", *(door / "spool" / host for host in hosts)]:
+        os.chmod(spool, 0o711)
 
 
 def system_tmp() -> str:
@@ -516,10 +555,10 @@ def lost_its_port(lines: list[str]) -> bool:
 
 
 def watchdog_argv(pid: int, started: float, folder: Path) -> list[str]:
-    """The watchdog's command line. ``-P``: the current folder (the notebook's, anyone's) is not put first
-    on ``sys.path``, so a ``psutil.py`` or ``distlab/`` planted there is never imported by this process,
-    which runs as root on the local cluster."""
-    return [sys.executable, "-P", "-m", "distlab.slurm.watchdog", str(pid), repr(started), str(folder)]
+    """The watchdog's command line (:func:`~distlab.forkserver.mode.python_argv`): the current folder
+    (the notebook's, anyone's) is not put first on ``sys.path``, so a ``psutil.py`` or ``distlab/``
+    planted there is never imported by this process, which runs as root on the local cluster."""
+    return launchmode.python_argv("distlab.slurm.watchdog", str(pid), repr(started), str(folder), flags=())
 
 
 def _own_start_time() -> float:

@@ -1,7 +1,10 @@
 """Slurm's commands, run and read: sbatch, squeue, scontrol, scancel, sinfo (parsers are pure).
 
 Every command finds its controller the way a terminal user's does: ``SLURM_CONF`` (set by
-:func:`distlab.slurm.local_cluster`) or the system's ``/etc/slurm/slurm.conf``.
+:func:`distlab.slurm.local_cluster`) or the system's ``/etc/slurm/slurm.conf``, with one difference:
+where neither exists, a Slurm client asks the site's DNS for ``_slurmctld._tcp`` (configless mode)
+and would submit wherever that record points; distlab then runs no Slurm command at all, and each
+command it runs gets the file it found in ``SLURM_CONF`` (:func:`client_env`).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .errors import NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
+from .errors import NO_CONFIG, NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
 
 #: states after which a job never runs again (PREEMPTED without requeue included)
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -57,11 +60,37 @@ def parse_scontrol(text: str) -> dict[str, str]:
     return dict(re.findall(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)", text))
 
 
+#: Slurm's own default (Debian's build) and the copy a configless node keeps: what a client reads without SLURM_CONF
+DEFAULT_CONFS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
+def config_file(environ=None) -> str | None:
+    """The slurm.conf a Slurm command would read; None where it would ask DNS (none exists) or retry
+    for a minute (``SLURM_CONF`` names a missing file)."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("SLURM_CONF")
+    if named:
+        return named if os.path.isfile(named) else None
+    return next((path for path in DEFAULT_CONFS if os.path.isfile(path)), None)
+
+
+def client_env(environ=None) -> dict[str, str]:
+    """``environ`` (``os.environ``) with ``SLURM_CONF`` set to the file found: a Slurm command distlab
+    runs never falls back to DNS. Raises :class:`SlurmNotFoundError` (:data:`NO_CONFIG`) where none exists."""
+    environ = os.environ if environ is None else environ
+    conf = config_file(environ)
+    if conf is None:
+        raise SlurmNotFoundError(NO_CONFIG.format(conf=environ.get("SLURM_CONF"), defaults=" and ".join(DEFAULT_CONFS)))
+    return {**environ, "SLURM_CONF": conf}
+
+
 def run(argv: list[str], timeout: float = 30, check: bool = True, umask: int = -1,
         **kwargs) -> subprocess.CompletedProcess:
-    """Run a Slurm command; a missing command is a :class:`SlurmNotFoundError` naming it."""
+    """Run a Slurm command with ``SLURM_CONF`` set (:func:`client_env`); a missing command is a
+    :class:`SlurmNotFoundError` naming it."""
     if shutil.which(argv[0]) is None:
         raise SlurmNotFoundError(NOT_FOUND.format(what=f"the Slurm command {argv[0]!r}", hint=NO_SLURM_HINT))
+    kwargs["env"] = client_env(kwargs.get("env"))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, umask=umask, **kwargs)
     if check and done.returncode:
         raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)

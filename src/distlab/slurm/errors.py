@@ -10,6 +10,10 @@ from distlab.errors import DistlabError, notebook_message
 NOT_FOUND = ("distlab.slurm: {what} not found. {hint}")
 NO_SLURM_HINT = ("Install Slurm's client commands (Debian/Ubuntu: apt-get install slurm-client; on a cluster: "
                  "`module load slurm`), or start a one-machine cluster with distlab.slurm.local_cluster().")
+NO_CONFIG = ("distlab.slurm: no Slurm configuration here (SLURM_CONF is {conf!r}; {defaults} does not exist), and "
+             "distlab does not let Slurm ask the network's DNS for a controller (configless mode: the site's record "
+             "would decide where your job goes). Set SLURM_CONF to your cluster's slurm.conf, or start a "
+             "one-machine cluster with distlab.slurm.local_cluster().")
 NO_CONTROLLER = ("distlab.slurm: no Slurm controller answers ({detail}). Check `scontrol ping` and SLURM_CONF "
                  "(now {conf!r}), or start a one-machine cluster with distlab.slurm.local_cluster().")
 BAD_OPTION = "distlab.slurm: invalid {name}={value!r}: {problem}. {hint}"
@@ -34,6 +38,11 @@ INTERRUPTED = ("distlab.slurm: interrupted; job {job_id} was cancelled (scancel)
 NOT_OURS = ("distlab.slurm: no run folder of yours holds job {job_id} (looked in {root}). "
             "Reattach from the account and DISTLAB_RUNS that submitted it.")
 CLUSTER = "distlab.slurm: cannot start a one-machine cluster: {problem}. {hint}"
+SHARED_GROUP_PROBLEM = ("its job user {user!r} shares its primary group {group!r} (gid {gid}) with {others}, who "
+                        "could then enter the cluster's door (its configuration, munge socket and jobs), get munge "
+                        "credentials and run jobs")
+SHARED_GROUP_HINT = ("Give that user a group of its own (usermod -g), or pass user=\"distlab-job\" (distlab makes "
+                     "that account with a group of its own).")
 
 
 class SlurmError(DistlabError, RuntimeError):

@@ -38,6 +38,7 @@ import time
 
 from distlab.folders.private import PRIVATE_DIR, open_private, write_private
 from distlab.folders.runfolder import RunFolder
+from distlab.forkserver import mode as launchmode
 
 from .layout import exit_file, rank_run_json
 
@@ -113,14 +114,14 @@ def start_rank(folder: RunFolder, attempt_dir, attempt: int, run: dict, env: dic
     tmp = private_tmp(folder, attempt, rank)
     env = {**env, "TMPDIR": tmp}
     with open_private(RunFolder.rank_log(attempt_dir, rank, "out"), "ab") as out:
-        return subprocess.Popen([sys.executable, "-u", *start_module(run), str(run_json), *argv],
+        return subprocess.Popen(launchmode.python_argv(*start_module(run), str(run_json), *argv),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
 
 
 def start_module(run: dict) -> list[str]:
     """How a rank starts: ``distlab.launch.rank``; on several nodes through :mod:`distlab.slurm.bound`, so that
     rank 0's ``env://`` store listens on MASTER_ADDR's address only, not on every interface."""
-    return ["-m", "distlab.launch.rank"] if run.get("single_node") else ["-m", "distlab.slurm.bound", "start"]
+    return ["distlab.launch.rank"] if run.get("single_node") else ["distlab.slurm.bound", "start"]
 
 
 def exit_status(code: int) -> int:
@@ -142,11 +143,16 @@ def main(argv: list[str]) -> int:
         ranks = [base | rank_environment(base)]
     else:
         ranks = [base | agent_environment(i, nproc) for i in range(nproc)]
+    # The ranks start with the warning signals held (blocked, so pending, not lost): the worker runtime
+    # delivers them once the job's own code has a handler (distlab.worker.release_on_handler); a warning
+    # that came while a rank still imported torch killed it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_HERE)
     children = {int(env["RANK"]): start_rank(folder, attempt_dir, attempt, run, env, argv) for env in ranks}
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: [c.send_signal(s) for c in children.values() if c.poll() is None])
     for sig in IGNORED_HERE:
-        signal.signal(sig, lambda s, _f: None)  # a handler, not SIG_IGN: the ranks start with the default
+        signal.signal(sig, lambda s, _f: None)  # a handler, not SIG_IGN, which the ranks would inherit
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_HERE)  # (this process lives through them)
     codes = wait_all(children, lambda rank, code: write_private(exit_file(attempt_dir, rank), str(code)))
     first = next((c for c in codes if c != 0), 0)
     return exit_status(first)

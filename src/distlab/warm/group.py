@@ -67,11 +67,10 @@ def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spa
     from distlab.forkserver.client import distlab_root
 
     root = distlab_root()  # None where distlab is installed: the fresh interpreter finds it itself
-    code = (f"{launchmode.SAFE_PATH_CODE}" + (f"sys.path.insert(0, {root!r}); " if root else "")
-            + "from distlab.warm.loop import main; main()")
+    code = (f"sys.path.insert(0, {root!r}); " if root else "") + "from distlab.warm.loop import main; main()"
     env["DISTLAB_RANK"] = json.dumps(cfg)
     with open_private(log, "wb") as out:
-        return subprocess.Popen([*on, sys.executable, *launchmode.safe_path_flags(), "-c", code], env=env,
+        return subprocess.Popen([*on, *launchmode.python_argv(code=code, flags=())], env=env,
                                 pass_fds=[conn.fileno()], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -127,7 +126,7 @@ def start_group(nprocs: int, backend: str, start: str = "spawn", nodes=None) -> 
             for rank in range(nprocs):
                 ours, theirs = Pipe(duplex=True)
                 cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store),
-                       "folder": str(folder), "parent_pid": os.getpid(), "sys_path": [p for p in sys.path if p],
+                       "folder": str(folder), "parent_pid": os.getpid(), "sys_path": launchmode.importable_path(),
                        "umask": launchmode.current_umask(), **on_node(rank, nprocs, nodes)}
                 where = {} if nodes is None else ({"node": nodes.entry(cfg["node"])} if start == "forkserver"
                                                   else {"on": nodes.command(cfg["node"], [])})
