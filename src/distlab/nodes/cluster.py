@@ -93,7 +93,7 @@ class Nodes:
         (:mod:`distlab.forkserver.enter`): the namespace files these nodes hold open (their
         descriptors, which travel with the fork request) and the PATH a program there gets."""
         h = self.namespaces_of(node)
-        return {"fds": dict(h.fds), "env": {"PATH": namespaces.node_path()}}
+        return {"fds": dict(h.fds), "env": {"PATH": namespaces.with_system_dirs(os.environ.get("PATH", ""))}}
 
     def _net_fds(self) -> tuple[int, ...]:
         return tuple(h.fds["net"] for h in self._nodes if "net" in h.fds)
