@@ -42,6 +42,7 @@ def nodes():
 
 
 def our_ranks(run_id_part: str) -> list[int]:
+    """Ranks started as fresh interpreters (start="spawn"), found by their command line."""
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
@@ -50,6 +51,22 @@ def our_ranks(run_id_part: str) -> list[int]:
         except psutil.Error:
             continue
     return found
+
+
+def on_nodes(nodes) -> dict[int, list[int]]:
+    """node -> every process running on it (found by its network namespace), except the holder that
+    keeps the node: agents and ranks however they started (a forked rank's command line is the
+    forkserver's)."""
+    from distlab.nodes import held
+
+    return {k: held.members(h.inode("net"), {h.pid, h.starter_pid}) for k, h in enumerate(nodes._nodes)}
+
+
+def nothing_on(nodes, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(on_nodes(nodes).values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(on_nodes(nodes).values())
 
 
 def test_ranks_run_on_their_nodes_and_meet_over_the_links(nodes):
@@ -73,7 +90,7 @@ def test_a_rank_that_fails_on_a_node_is_named_with_its_node_and_the_others_stop(
     assert "rank on the second node broke" in message
     assert caught.value.node == 1
     assert time.monotonic() - start < 120
-    assert our_ranks("broken_on_the_last") == []
+    assert our_ranks("broken_on_the_last") == [] and nothing_on(nodes, within=0)
 
 
 def test_closed_or_wrong_nodes_are_refused_before_anything_starts():
@@ -86,26 +103,27 @@ def test_closed_or_wrong_nodes_are_refused_before_anything_starts():
 
 
 def test_a_second_launch_on_the_nodes_finds_its_agents_started_and_close_ends_them():
-    """After a launch, an agent waits on each node (standby): the next launch hands it the run
-    instead of starting an interpreter that imports torch. A standby that died is replaced."""
+    """start="spawn" (fresh interpreters): after a launch, an agent waits on each node (standby): the
+    next launch hands it the run instead of starting an interpreter that imports torch. A standby
+    that died is replaced."""
     import json
     from pathlib import Path
 
     from distlab.launch import standby
 
     with distlab.Nodes(2) as nodes:
-        distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
+        distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180, start="spawn")
         waiting = dict(standby._WAITING[nodes])
         assert sorted(waiting) == [0, 1]
         from distlab.teach import failures
         assert failures.no_workers_left()  # waiting standbys are kept on purpose, not leftovers
-        res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
+        res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180, start="spawn")
         agents = [json.loads((Path(res.run_dir) / f"run-node{k}.json").read_text())["parent_pid"] for k in (0, 1)]
         assert agents == [waiting[0].pid, waiting[1].pid]  # the standbys ran the second launch
         assert {res.returns[r]["host"] for r in (0, 1)} == {"node0", "node1"}
         for proc in standby._WAITING[nodes].values():  # a standby that dies is not used
             proc.kill()
-        res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180)
+        res = distlab.spawn(placed, nprocs=1, nodes=nodes, view=None, timeout=180, start="spawn")
         assert {res.returns[r]["sum"] for r in (0, 1)} == {3.0}
         left = [p.pid for p in standby._WAITING[nodes].values()]
         assert len(left) == 2
@@ -138,7 +156,7 @@ def test_a_hang_across_nodes_times_out_with_each_ranks_stack_and_stops_both_node
     assert "in all_reduce" in stacks[0], stacks[0]  # rank 0 (node0) waits in the collective
     assert "in stuck_on_node1" in stacks[1] and "all_reduce" not in stacks[1], stacks[1]  # rank 1 never got there
     assert time.monotonic() - start < 90
-    assert our_ranks("stuck_on_node1") == []
+    assert our_ranks("stuck_on_node1") == [] and nothing_on(nodes, within=0)
 
 
 def test_a_run_across_nodes_cancelled_leaves_no_rank_on_either_node(nodes):
@@ -146,13 +164,13 @@ def test_a_run_across_nodes_cancelled_leaves_no_rank_on_either_node(nodes):
 
     run = distlab.spawn(stuck_on_node1, nprocs=1, nodes=nodes, join=False, view=None, timeout=300)
     deadline = time.monotonic() + 60
-    while len(our_ranks("stuck_on_node1")) < 2:  # both nodes' ranks run
+    while not all(len(pids) >= 2 for pids in on_nodes(nodes).values()):  # an agent and a rank on each node
         assert time.monotonic() < deadline, "the ranks never started"
         time.sleep(0.1)
     assert run.cancel(timeout=60)
     with pytest.raises(RunCancelledError):
         run.join()
-    assert our_ranks("stuck_on_node1") == []
+    assert our_ranks("stuck_on_node1") == [] and nothing_on(nodes, within=0)
 
 
 WHERE_AND_SUM = """import os, socket
@@ -174,13 +192,23 @@ def test_warm_ranks_on_nodes_live_on_their_node_and_meet_over_the_links(nodes):
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_warm_ranks_refuse_closed_nodes_and_a_forked_start_before_starting():
+def test_warm_ranks_refuse_closed_nodes_before_starting():
     closed = distlab.Nodes(1)
     closed.close()
     with pytest.raises(LaunchArgumentError, match="closed"):
         distlab.Ranks(1, nodes=closed)
     with pytest.raises(LaunchArgumentError, match="Nodes"):
         distlab.Ranks(1, nodes=2)
-    with distlab.Nodes(1) as one:
-        with pytest.raises(LaunchArgumentError, match="spawn"):
-            distlab.Ranks(1, nodes=one, start="forkserver")
+
+
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_warm_ranks_on_nodes_forked_or_fresh_are_on_their_node_and_leave_nothing(nodes, start):
+    """Forked from the forkserver (they enter the node with setns) or fresh interpreters started
+    inside it: the same host name, /etc/hosts, working directory and PATH, and nothing left after close."""
+    with distlab.Ranks(1, nodes=nodes, start=start) as ranks:
+        got = ranks.exec("import os, socket; t = torch.ones(1); dist.all_reduce(t); "
+                         "(socket.gethostname(), socket.gethostbyname('node1'), os.getcwd(), "
+                         "'/usr/sbin' in os.environ['PATH'].split(':'), t.item())")
+    assert dict(got) == {0: ("node0", "10.77.0.2", os.getcwd(), True, 2.0),
+                         1: ("node1", "10.77.0.2", os.getcwd(), True, 2.0)}
+    assert nothing_on(nodes)

@@ -113,7 +113,7 @@ def _start(fn, args, nprocs, style, backend, join, timeout, view, max_restarts, 
                        max_restarts=max_restarts, script=path, start=start)
     if nodes is not None:  # each node's agent meets the others at node 0, on a port only these nodes have
         plan = replace(plan, nnodes=nnodes, rdzv_endpoint=f"{nodes.hosts[0]}:{NODES_RDZV_PORT}",
-                       rdzv_id=f"distlab-{plan.run_id}", start="spawn")
+                       rdzv_id=f"distlab-{plan.run_id}")
     if join:
         return engine.execute(plan, make_view(view, nprocs * nnodes), **({} if nodes is None else {"nodes": nodes}))
     return PendingRun(plan, make_view(view, nprocs * nnodes), nodes)

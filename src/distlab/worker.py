@@ -127,11 +127,14 @@ def loopback_interface() -> str:
     return "lo"
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, watchdog: bool = True) -> None:
     """A killed kernel cannot stop its workers, so each worker is tied to its parent's life.
 
     On Linux the kernel delivers SIGKILL when the parent goes (works even on a stopped or hung
-    worker); everywhere a watchdog thread also notices being re-parented and exits.
+    worker); everywhere a watchdog thread also notices being re-parented and exits. ``watchdog=False``
+    (an idle spare rank on Linux): the thread waits for the run, because a process with a second
+    thread can no longer enter a node's namespaces (``setns`` of a user or mount namespace needs a
+    single-threaded process: :mod:`distlab.forkserver.enter`).
     """
     try:
         import ctypes
@@ -142,7 +145,7 @@ def die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(ORPHAN_EXIT_CODE)
-    if _WATCHDOG.get(os.getpid()) != parent_pid:  # a spare rank started it while it waited
+    if watchdog and _WATCHDOG.get(os.getpid()) != parent_pid:  # a rank starts it once
         threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
         _WATCHDOG[os.getpid()] = parent_pid
 

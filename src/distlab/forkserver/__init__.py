@@ -21,6 +21,9 @@ Modules, each with the process it runs in:
 * ``child``: a forked child made into a rank's process: environment, output, threads, random
   state (forked child: a rank of a launch or a warm rank).
 * ``rank``: the first code of a forked rank of a launch (forked rank).
+* ``enter``: a forked child that runs on one of :class:`distlab.Nodes` enters the node's namespaces
+  first, through the descriptors the kernel holds (forked child; the kernel and a node's agent
+  send them).
 
 May import: ``worker`` and everything below it. Imported by ``launch``, ``warm``, ``api`` and the face.
 """

@@ -232,6 +232,51 @@ class RankProcess(mp_context.ForkServerProcess):
             started.append(self)
 
 
+def call_by_name(module: str, name: str, *args):
+    """A fork request's target given by name, imported in the child: a layer below the target's own
+    may ask for it (the engine forks a node's agent, ``distlab.launch.agent.run_forked``, which
+    imports the engine)."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name)(*args)
+
+
+class Forked:
+    """A process forked from the server (a warm rank, a node's agent) behind the part of
+    ``subprocess.Popen``'s interface distlab's callers use."""
+
+    def __init__(self, process: RankProcess):
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def sentinel(self) -> int:
+        """Ready once the process has ended (``multiprocessing.connection.wait``)."""
+        return self.process.sentinel
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout)
+        return self.process.exitcode
+
+    def terminate(self) -> None:
+        if self.process.exitcode is None:
+            self.process.terminate()
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:
+            self.process.kill()
+
+
 class _Context(mp_context.ForkServerContext):
     Process = RankProcess
 
@@ -354,12 +399,28 @@ def _pythonpath_first(folder: str | None):
                 os.environ["PYTHONPATH"] = old
 
 
+_ADOPTED: list[int] = []  # in a child of the server that asks it for ranks (an agent on a node): its pid
+
+
+def adopt() -> None:
+    """In a child of the server that asks it for ranks of its own (the agent of a node,
+    :func:`distlab.launch.agent.run_forked`): use the parent server through the socket address and
+    "alive" pipe the child inherited; never start a second server."""
+    inherited = mp_forkserver._forkserver
+    _SERVER._forkserver_address = inherited._forkserver_address
+    _SERVER._forkserver_alive_fd = inherited._forkserver_alive_fd
+    _SERVER._forkserver_pid = os.getppid()
+    _ADOPTED[:] = [os.getppid()]
+
+
 def ensure_server() -> int:
     """Start the server if it is not running (about a second: it imports torch); return its pid.
 
     A server that runs is answered here, without the keeper thread: handing the question to
     another thread and back costs two wake-ups, which on a busy machine took ~5 ms a launch."""
     global _KEEPER
+    if _ADOPTED:
+        return _ADOPTED[0]
     pid = _SERVER._forkserver_pid
     if pid is not None and _KEEPER is not None and _running(pid) and not _socket_gone():
         return pid  # (it passed the keeper's checks when it started; they cannot change since)

@@ -59,12 +59,15 @@ def run(config, plan, run_json: Path) -> bool:
 
     logs = rank_logs(config.logs_specs)
     config.logs_specs, config.start_method, config.monitor_interval = logs, forkserver.START_METHOD, MONITOR_S
-    kernel = {"env": dict(os.environ), "server_pid": server_pid, "umask": current_umask()}
+    from distlab.forkserver import enter
+
+    # on a node (this is its agent): the node's namespaces travel with every rank's request
+    kernel = {"env": dict(os.environ), "server_pid": server_pid, "umask": current_umask(), **enter.passed_on()}
     with forkserver.launching(plan.elastic_run_id) as started, agent_wait.prompt():
         try:
             elastic_launch(config, run_rank)(str(run_json), str(plan.target), list(plan.target_args), kernel)
         except ChildFailedError as e:
-            add_unreported_failures(e, started[-plan.nproc:], logs.error_files)
+            add_unreported_failures(e, started[-plan.nproc:], logs.error_files, logs.global_ranks)
             raise
     return True
 
@@ -78,6 +81,7 @@ def rank_logs(inner):
         def __init__(self):
             super().__init__(log_dir=inner.root_log_dir)
             self.error_files: dict[int, str] = {}  # rank -> error file of the latest attempt
+            self.global_ranks: dict[int, int] = {}  # local rank -> rank (they differ on nodes after node 0)
 
         @property
         def root_log_dir(self) -> str:
@@ -90,7 +94,8 @@ def rank_logs(inner):
                 env[AGENT_VARS] = ",".join(sorted(env))
                 mine.stdouts[local] = mine.stderrs[local] = ""  # "": torchelastic does not redirect
                 mine.error_files[local] = dest.error_files[local]
-                self.error_files[int(env.get("RANK", local))] = dest.error_files[local]
+                self.global_ranks[local] = int(env.get("RANK", local))
+                self.error_files[self.global_ranks[local]] = dest.error_files[local]
             return mine
 
     return RankLogs()
@@ -108,18 +113,21 @@ def _complete_json(path: str) -> bool:
     return True
 
 
-def add_unreported_failures(exc, processes: list, error_files: dict[int, str]) -> None:
+def add_unreported_failures(exc, processes: list, error_files: dict[int, str],
+                            global_ranks: dict[int, int] | None = None) -> None:
     """Add to ``exc.failures`` every rank of the last attempt that failed but was not reported.
 
     A rank that wrote an error file failed in Python; one without an error file and a non-zero
-    exit code died by a signal or in C code. Single node: a local rank is the global rank.
+    exit code died by a signal or in C code. ``global_ranks``: local rank -> rank (an agent on a
+    node after node 0); without it a local rank is the rank (one node).
     """
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     from distlab.forkserver import client as forkserver
 
     for index, proc in enumerate(processes):
-        rank = forkserver.rank_of(proc, index)
+        local = forkserver.rank_of(proc, index)
+        rank = (global_ranks or {}).get(local, local)
         if rank in exc.failures:
             continue
         path = error_files.get(rank, "")
@@ -128,6 +136,6 @@ def add_unreported_failures(exc, processes: list, error_files: dict[int, str]) -
         code = proc.exitcode
         if code in (0, None) and not path:
             continue
-        exc.failures[rank] = ProcessFailure(local_rank=rank, pid=proc.pid, exitcode=code or 1,
+        exc.failures[rank] = ProcessFailure(local_rank=local, pid=proc.pid, exitcode=code or 1,
                                             error_file=path or "<N/A>")
 

@@ -148,6 +148,24 @@ def forked_ranks(run_id: str) -> dict:
     return module.live_ranks(run_id) if module is not None else {}
 
 
+def server_children(ready: dict[int, int]) -> dict:
+    """rank -> psutil.Process, for each pid in ``ready`` (rank -> pid, from a run's private ``ready/``
+    folder) that is a working child of this process's forkserver (not an idle spare): a rank that an
+    agent on a node asked the server for, whose pid only that agent's records hold."""
+    import psutil
+
+    server = forkserver_pid()
+    found = {}
+    for rank, pid in ready.items():
+        try:
+            p = psutil.Process(pid)
+            if server is not None and p.ppid() == server and p.name() != SPARE_NAME:
+                found[rank] = p
+        except psutil.Error:
+            continue
+    return found
+
+
 def wait_forked_ranks_gone(run_id: str) -> None:
     """Return once the run's forked ranks that told their exit code have also left the machine."""
     module = sys.modules.get("distlab.forkserver.client")
@@ -160,6 +178,13 @@ def forkserver_pid() -> int | None:
     the kernel by design (the ranks it forks are workers, it is not)."""
     module = sys.modules.get("distlab.forkserver.client")
     return module.server_pid() if module is not None else None
+
+
+def adopted_server() -> int | None:
+    """The pid of the forkserver this process asks for ranks as its child (a node's forked agent,
+    ``distlab.forkserver.client.adopt``), else None."""
+    module = sys.modules.get("distlab.forkserver.client")
+    return module._ADOPTED[0] if module is not None and module._ADOPTED else None
 
 
 SPARE_NAME = "distlab-spare"  # an idle spare rank's process name (distlab.forkserver.spare sets it)

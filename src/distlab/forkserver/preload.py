@@ -42,6 +42,12 @@ import torch  # noqa: E402,F401
 import torch._dynamo  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 import torch.distributed.elastic.multiprocessing  # noqa: E402,F401
+
+# A node's agent is forked from here too (distlab.launch.agent.run_forked, #46) and runs torchelastic's
+# launcher with the c10d rendezvous: imported once here, not by each agent of each launch (18 ms each).
+import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: E402,F401
+import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: E402,F401
+import torch.distributed.launcher.api  # noqa: E402,F401
 import torch.utils.serialization  # noqa: E402,F401  (torch.save imports it: every rank saves its return value)
 
 import distlab.forkserver.rank  # noqa: E402,F401

@@ -13,7 +13,7 @@ import os
 import psutil  # noqa: F401  (preloaded for worker.loopback_interface)
 
 from distlab import worker
-from distlab.forkserver import child, spare
+from distlab.forkserver import child, enter, spare
 from distlab.forkserver.mode import LOG_VARS, rank_environment
 from distlab.rendezvous import retired_groups
 
@@ -22,8 +22,13 @@ def run_rank(run_json: str, target: str, target_args: list, kernel: dict) -> Non
     """Run one rank. ``kernel``: the launching kernel's environment, umask and the server's pid.
 
     The kernel's working directory and ``sys.path`` at launch were applied before this call
-    (``distlab.forkserver.client.preparation_data``).
+    (``distlab.forkserver.client.preparation_data``). ``kernel["node"]``: a rank an agent on a node
+    asked for enters that node first (:mod:`distlab.forkserver.enter`), and dies with that agent.
     """
+    node = kernel.get("node")
+    if node is not None:
+        enter.enter(node)  # first: setns needs this process single-threaded
+        enter.die_with_requester()
     child.close_alive_pipe()
     spare.tell_exit_early()  # the launch waits for this process to be gone (engine.cleanup)
     stdout, stderr = (os.environ.get(name, "") for name in LOG_VARS)

@@ -123,7 +123,9 @@ def warm_up(server_pid: int) -> None:
     from distlab import worker
     from distlab.forkserver import child
 
-    worker.die_with_parent(server_pid)  # SIGKILL when the server dies, and the watchdog thread
+    # SIGKILL when the server dies; the watchdog thread only with the run (Linux), so that a spare
+    # stays single-threaded and may still enter a node (distlab.forkserver.enter)
+    worker.die_with_parent(server_pid, watchdog=not sys.platform.startswith("linux"))
     child.fresh_random_state()
     importlib.invalidate_caches()  # done again with the run; the pages it writes are ours now
 

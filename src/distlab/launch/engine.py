@@ -12,8 +12,9 @@ Where the agent runs:
   agent, a private ``FileStore`` for the ranks (no socket another user could open);
 * several nodes (``nnodes > 1``): torch's c10d rendezvous unpickles what it reads from its
   store, and whoever reaches ``rdzv_endpoint`` can write there. That agent runs in a child
-  process (``python -m distlab.launch.agent``), never in the kernel; its ranks' output streams from
-  the run folder as usual. It still runs as you: see the README's "On a shared machine".
+  process (``python -m distlab.launch.agent``, or on :class:`distlab.Nodes` forked from distlab's
+  forkserver onto its node: ``distlab.launch.agent.run_forked``), never in the kernel; its ranks'
+  output streams from the run folder as usual. It still runs as you: see the README's "On a shared machine".
 
 Cleanup (watcher, agent process, workers, store) always runs to its end: a Ctrl-C that arrives
 during it is held back, and only afterwards are the kernel's own signal handlers put back.
@@ -58,6 +59,7 @@ from distlab.rendezvous import loopback as rendezvous
 from distlab.results import RunResult, collect, read_logs
 
 LOOPBACK_BACKEND = rendezvous.LOOPBACK_BACKEND
+AGENT_MODULE = "distlab.launch.agent"  # a multi-node run's agent (python -m, or forked onto a node)
 
 
 @dataclass
@@ -193,7 +195,8 @@ def cleanup(plan: Plan, watcher: watch.Watcher) -> None:
     """Stop everything the run started. Every step runs even if one fails; each may be repeated."""
     steps = (watcher.finish, watcher.stop_agent, lambda: watch.stop_workers(plan.elastic_run_id),
              lambda: rendezvous.close_handler(plan.run_id),
-             lambda: launchmode.wait_forked_ranks_gone(plan.elastic_run_id))  # they told their exit early
+             lambda: launchmode.wait_forked_ranks_gone(plan.elastic_run_id),  # they told their exit early
+             lambda: launchmode.wait_forked_ranks_gone(agents_label(plan.run_id)))  # forgets forked agents
     errors = []
     for step in steps:
         try:
@@ -277,8 +280,10 @@ def _launch_agent_here(plan: Plan, run_json: Path) -> None:
         max_restarts=plan.max_restarts, monitor_interval=0.05,
         logs_specs=_run_logs(plan.folder), signals_to_handle="SIGINT,SIGTERM",
     )
-    # -- start-mode hook (#18): fork the ranks from distlab's forkserver; False: it could not start
-    if plan.start == "forkserver" and local and not plan.plain_python and forklaunch.run(config, plan, run_json):
+    # -- start-mode hook (#18): fork the ranks from distlab's forkserver; False: it could not start.
+    # Across nodes only in an agent the server forked onto its node, which asks that server (#46).
+    here = local or launchmode.adopted_server() is not None
+    if plan.start == "forkserver" and here and not plan.plain_python and forklaunch.run(config, plan, run_json):
         return
     argv = launchmode.python_argv("distlab.launch.rank", str(run_json), str(plan.target), *plan.target_args)
     elastic_launch(config, argv[0])(*argv[1:])
@@ -287,21 +292,27 @@ def _launch_agent_here(plan: Plan, run_json: Path) -> None:
 def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, nodes=None) -> None:
     """Multi-node: torchelastic's agent in a child process (it unpickles rendezvous data); with
     ``nodes`` (:class:`distlab.Nodes`), one agent on each node, inside its namespaces, as
-    ``torchrun`` would be started on each machine. The first agent that fails ends the wait: the
-    others' ranks would otherwise wait in a collective for a rank that is gone."""
+    ``torchrun`` would be started on each machine: forked from distlab's forkserver where ranks are
+    (``start="forkserver"``), else a fresh interpreter (a standby started after the last launch).
+    The first agent that fails ends the wait: the others' ranks would otherwise wait in a
+    collective for a rank that is gone."""
     folder = plan.folder
     here = [None] if nodes is None else list(range(nodes.n))
+    forked = nodes is not None and plan.start == "forkserver" and forklaunch.server_or_warning() is not None
     for node in here:
         agent_plan = plan if node is None else replace(plan, node_rank=node)
         write_private(folder.node_file(folder.agent_plan, node),
                       json.dumps({"plan": agent_plan.to_json(), "kernel_pid": os.getpid()}))
         log_path = folder.node_file(folder.agent_log, node)
+        if forked:
+            watcher.agents.append(fork_agent(folder, nodes, node, plan.run_id))
+            continue
         ready = None if node is None else standby.take(nodes, node)  # started after the last launch here
         if ready is not None and standby.hand(ready, folder.path, node, log_path):
             watcher.agents.append(ready)
             continue
         node_arg = [] if node is None else [str(node)]
-        argv = launchmode.python_argv("distlab.launch.agent", str(folder.path), *node_arg)
+        argv = launchmode.python_argv(AGENT_MODULE, str(folder.path), *node_arg)
         if node is not None:
             argv = nodes.command(node, argv)
         with open_private(log_path, "wb") as log:
@@ -313,10 +324,33 @@ def run_agent_process(plan: Plan, watcher: watch.Watcher, outcome: Outcome, node
         outcome.interrupted = True
         return  # cleanup stops the agents, which stop their workers
     finally:
-        if nodes is not None:
+        if nodes is not None and not forked:
             standby.refill(nodes)  # the next launch here finds its agents started
     for node, code in zip(here, codes, strict=True):
         read_agent_report(folder, node, code, watcher, outcome)
+
+
+def fork_agent(folder: RunFolder, nodes, node: int, run_id: str):
+    """Node ``node``'s agent, forked from distlab's forkserver; it enters the node itself
+    (:func:`distlab.launch.agent.run_forked`). Its output goes to the node's agent log."""
+    from distlab.forkserver import client as forkserver
+    from distlab.forkserver.enter import Entry
+
+    door = nodes.entry(node)
+    entry = Entry(door["fds"], os.getcwd(), door["env"])
+    open_private(folder.node_file(folder.agent_log, node), "wb").close()
+    kernel = {"env": dict(os.environ), "umask": launchmode.current_umask()}
+    with forkserver.launching(agents_label(run_id)):
+        process = forkserver.get_context().Process(
+            target=forkserver.call_by_name, args=(AGENT_MODULE, "run_forked", str(folder.path), node, entry, kernel),
+            daemon=True, name=f"distlab-agent-node{node}")
+        process.start()
+    return forkserver.Forked(process)
+
+
+def agents_label(run_id: str) -> str:
+    """What the forkserver's client files a run's forked agents under (never the run's ranks' id)."""
+    return f"agents-{run_id}"
 
 
 def wait_agents(agents: list, grace_s: float = 3.0, poll_s: float = 0.05) -> list[int | None]:
@@ -331,7 +365,14 @@ def wait_agents(agents: list, grace_s: float = 3.0, poll_s: float = 0.05) -> lis
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             return codes
-        time.sleep(poll_s)
+        running = [agent for agent, code in zip(agents, codes, strict=True) if code is None]
+        sentinels = [getattr(agent, "sentinel", None) for agent in running]
+        if None in sentinels:
+            time.sleep(poll_s)
+        else:  # forked agents: woken when one ends, not by a clock
+            from multiprocessing.connection import wait
+
+            wait(sentinels, poll_s)
 
 
 def read_agent_report(folder: RunFolder, node: int | None, code: int | None, watcher: watch.Watcher,

@@ -128,9 +128,12 @@ def verified_workers(run_id: str, ready: dict[int, int]) -> dict[int, psutil.Pro
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
             pass
     # -- start-mode hook (#18): a forked rank is known by the pid distlab's own forkserver reported
-    from distlab.forkserver.mode import forked_ranks
+    from distlab.forkserver.mode import forked_ranks, server_children
 
     found.update({r: p for r, p in forked_ranks(run_id).items() if ready.get(r) == p.pid})
+    # -- across nodes (#46): a rank an agent on a node asked the server for is not in this process's
+    # records; it is the forkserver's child that wrote its pid to ready/
+    found.update({r: p for r, p in server_children(ready).items() if r not in found})
     return found
 
 

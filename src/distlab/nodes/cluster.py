@@ -88,6 +88,13 @@ class Nodes:
         self._nodes[k].check()
         return self._nodes[k]
 
+    def entry(self, node) -> dict:
+        """What a process forked from distlab's forkserver needs to run on node ``node``
+        (:mod:`distlab.forkserver.enter`): the namespace files these nodes hold open (their
+        descriptors, which travel with the fork request) and the PATH a program there gets."""
+        h = self.namespaces_of(node)
+        return {"fds": dict(h.fds), "env": {"PATH": namespaces.with_system_dirs(os.environ.get("PATH", ""))}}
+
     def _net_fds(self) -> tuple[int, ...]:
         return tuple(h.fds["net"] for h in self._nodes if "net" in h.fds)
 

@@ -73,6 +73,13 @@ WITH_SYSTEM_DIRS = ("".join(f'case ":$PATH:" in *:{d}:*) ;; *) PATH="${{PATH:+$P
                             for d in SYSTEM_DIRS) + 'export PATH; exec "$@"')
 
 
+def with_system_dirs(path: str) -> str:
+    """What :data:`WITH_SYSTEM_DIRS` makes of ``path``, for a process that enters a node without a shell
+    (forked from the forkserver: :mod:`distlab.forkserver.enter`)."""
+    parts = [p for p in path.split(os.pathsep) if p]
+    return os.pathsep.join([*parts, *(d for d in SYSTEM_DIRS if d not in parts)])
+
+
 def check_possible() -> None:
     """Refuse, with the cause and the setting to change, where nodes cannot be made."""
     missing = missing_tools()

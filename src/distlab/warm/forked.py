@@ -4,13 +4,15 @@ A module of its own, importing nothing heavy: the kernel names :func:`run_warm_r
 target of the fork request without importing torch (the server has; ``distlab.forkserver.rank`` does
 the work there).
 """
-def run_warm_rank(cfg: dict, conn, log: str, env: dict) -> None:
+def run_warm_rank(cfg: dict, conn, log: str, env: dict, node=None) -> None:
     """One of :class:`distlab.Ranks`' ranks, forked from the server: what
     ``python -c "from distlab.warm.loop import main; main()"`` with ``env`` would have been.
 
     ``conn`` is the rank's end of its pipe to the kernel (its fd arrived with the fork request).
     The rank gets its own session (Kernel > Interrupt reaches the kernel only, which decides),
     writes fd 1/2 to ``log``, and lives and dies with the server, which dies with the kernel.
+    ``node`` (:class:`distlab.forkserver.enter.Entry`): the node it runs on, entered before anything
+    else (``setns`` needs this process still single-threaded).
     """
     import atexit
     import importlib
@@ -18,8 +20,11 @@ def run_warm_rank(cfg: dict, conn, log: str, env: dict) -> None:
     import multiprocessing
     import os
 
-    from distlab.forkserver import child
+    from distlab.forkserver import child, enter
 
+    if node is not None:
+        enter.enter(node)
+        env = {**env, **node.env}
     child.close_alive_pipe()
     os.setsid()
     child.replace_environment(env)

@@ -50,18 +50,19 @@ def rank_stack(dump: str) -> str:
     return clean_stack(dump, RUNTIME_FILES, started_by=STARTED_BY, compact=True)
 
 
-def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spawn", on=()):
+def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spawn", on=(), node=None):
     """Start one rank running :func:`distlab.warm.loop.main`: forked from distlab's forkserver
     (``start="forkserver"``: milliseconds, and CUDA-safe for the same reason as ``spawn``'s ranks)
     or a fresh interpreter (``"spawn"``).
 
     Either way it gets its configuration in ``DISTLAB_RANK``, keeps its end of the pipe ``conn``,
     writes C-level output to ``log``, and has its own session, so Kernel > Interrupt reaches the
-    kernel only (which then decides). ``on``: the prefix that runs it on a node (``Nodes.command``).
+    kernel only (which then decides). On a node: ``on``, the prefix that starts a fresh interpreter
+    there (``Nodes.command``); ``node``, what a forked rank needs to enter it (``Nodes.entry``).
     """
     env = {**os.environ, **_rank_environment(cfg, os.environ)}
     if start == "forkserver":
-        return _fork_rank(cfg, conn, log, env)
+        return _fork_rank(cfg, conn, log, env, node)
     cfg = {**cfg, "conn_fd": conn.fileno()}
     from distlab.forkserver.client import distlab_root
 
@@ -74,41 +75,19 @@ def start_rank_process(cfg: dict, conn: Connection, log: Path, start: str = "spa
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _fork_rank(cfg: dict, conn: Connection, log: Path, env: dict) -> ForkedRank:
+def _fork_rank(cfg: dict, conn: Connection, log: Path, env: dict, node=None):
     from distlab.forkserver import client as forkserver
+    from distlab.forkserver.enter import Entry
     from distlab.warm.forked import run_warm_rank
 
     open_private(log, "wb").close()
     context = forkserver.get_context()  # the server runs: Ranks started it (or fell back to "spawn")
+    entry = None if node is None else Entry(node["fds"], os.getcwd(), node["env"])
     with forkserver.launching(f"warm-{log.parent.name}"):
-        process = context.Process(target=run_warm_rank, args=(cfg, conn, str(log), env), daemon=True,
+        process = context.Process(target=run_warm_rank, args=(cfg, conn, str(log), env, entry), daemon=True,
                                   name=f"distlab-warm-rank{cfg['rank']}")
         process.start()
-    return ForkedRank(process)
-
-
-class ForkedRank:
-    """A forked rank behind the part of ``subprocess.Popen``'s interface :class:`RankGroup` uses."""
-
-    def __init__(self, process):
-        self.process = process
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def poll(self) -> int | None:
-        return self.process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self.process.join(timeout)
-        if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired(f"warm rank {self.pid}", timeout)
-        return self.process.exitcode
-
-    def kill(self) -> None:
-        if self.process.exitcode is None:
-            self.process.kill()
+    return forkserver.Forked(process)
 
 
 def _rank_environment(cfg: dict, kernel_env) -> dict[str, str]:
@@ -149,7 +128,8 @@ def start_group(nprocs: int, backend: str, start: str = "spawn", nodes=None) -> 
                 cfg = {"rank": rank, "world_size": nprocs, "backend": backend, "store": str(store),
                        "folder": str(folder), "parent_pid": os.getpid(), "sys_path": launchmode.importable_path(),
                        "umask": launchmode.current_umask(), **on_node(rank, nprocs, nodes)}
-                where = {"on": nodes.command(cfg["node"], [])} if nodes is not None else {}
+                where = {} if nodes is None else ({"node": nodes.entry(cfg["node"])} if start == "forkserver"
+                                                  else {"on": nodes.command(cfg["node"], [])})
                 group.add(start_rank_process(cfg, theirs, group.log_path(rank), start, **where), ours)
                 theirs.close()  # only the rank holds its end: its death reads as end-of-file here
         group.wait_ready(START_TIMEOUT_S)

@@ -76,8 +76,9 @@ class Ranks:
 
     ``nodes`` (:class:`distlab.Nodes`): ``nprocs`` ranks on each node, ``nodes.n * nprocs`` in all
     (``nprocs`` then is that total), rank ``r`` on node ``r // per_node``, talking over the nodes' links.
-    Those ranks are fresh interpreters started inside their node (distlab's forkserver runs on the
-    host's network, and a process cannot be forked into another network namespace).
+    Those ranks are forked from distlab's forkserver like any others and enter their node's
+    namespaces first (:mod:`distlab.forkserver.enter`); ``start="spawn"``: fresh interpreters
+    started inside their node.
     """
 
     def __init__(self, nprocs: int, backend: str = "auto", timeout: float | None = None, start: str = "auto",
@@ -87,11 +88,7 @@ class Ranks:
         self.nprocs = self.per_node * (nodes.n if nodes is not None else 1)
         config.check_backend(backend, self.per_node, config.cuda_device_count() if backend == "nccl" else 0)
         self.backend = backend
-        self.start = "spawn" if nodes is not None and start == "auto" else \
-            launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
-        if nodes is not None and self.start != "spawn":
-            raise LaunchArgumentError("start", start, "must be \"spawn\" (or \"auto\") with nodes=",
-                                      "Ranks on nodes are fresh interpreters: leave start= out.")
+        self.start = launchmode.resolve_start(start, forkserver_works=launchmode.forkserver_works())
         self.timeout = config.check_timeout(timeout)
         self.late_output: dict[int, str] = {}
         self._exec_names: dict[str, str] = {}  # one file name per distinct source: compiled once, cached
@@ -119,14 +116,12 @@ class Ranks:
     def _start_group(self) -> RankGroup:
         """Forked from distlab's forkserver where it works; fresh interpreters after a warning
         (once per reason) where it cannot start, as ``spawn`` does."""
-        if self.nodes is not None:
-            return start_group(self.nprocs, self.backend, "spawn", nodes=self.nodes)
         if self.start == "forkserver":
             from distlab.forkserver import elastic as forklaunch
 
             if forklaunch.server_or_warning():
-                return start_group(self.nprocs, self.backend, "forkserver")
-        return start_group(self.nprocs, self.backend, "spawn")
+                return start_group(self.nprocs, self.backend, "forkserver", nodes=self.nodes)
+        return start_group(self.nprocs, self.backend, "spawn", nodes=self.nodes)
 
     def _drop_group(self, why: str, graceful: bool) -> None:
         if self._group is not None:
