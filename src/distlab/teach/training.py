@@ -201,6 +201,15 @@ def checksums_in(log: str) -> dict[int, float]:
     return {int(rank): float(value) for rank, value in re.findall(pattern, log)}
 
 
+def epochs_in(log: str) -> dict[int, list[int]]:
+    """``{rank: [epochs it trained]}`` from the script's ``Rank r, Epoch e, Batch b`` lines: what shows
+    that a run trained, where a run that resumed from a finished checkpoint prints none."""
+    found: dict[int, set[int]] = {}
+    for rank, epoch in re.findall(r"Rank (\d+), Epoch (\d+), Batch \d+", log):
+        found.setdefault(int(rank), set()).add(int(epoch))
+    return {rank: sorted(epochs) for rank, epochs in sorted(found.items())}
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoints written by every rank: the race, frozen so it can be shown
 # ---------------------------------------------------------------------------------------------
