@@ -68,7 +68,10 @@ def test_an_interrupt_ends_every_process_of_a_node_run_and_says_so_in_one_line()
                  "run.wait_for('started', node=0), run.wait_for('started', node=1)\n")
         reply = iopub_until(kc, kc.execute(setup), lambda m: False, timeout=180)
         assert not [m for m in reply if m["msg_type"] == "error"], reply
-        assert len(marked(mark)) >= 8  # per node: the command's sh, its sleep, the setsid sh and its sleep
+        started = time.monotonic()
+        while len(marked(mark)) < 8 and time.monotonic() - started < 10:
+            time.sleep(0.1)  # per node: the command's sh, its sleep, the setsid sh and its sleep
+        assert len(marked(mark)) == 8
         msg_id = kc.execute("print('waiting', flush=True)\nrun.wait(timeout=300)")
         iopub_until(kc, msg_id, lambda m: "waiting" in m["content"].get("text", ""))
         time.sleep(0.5)
@@ -77,6 +80,7 @@ def test_an_interrupt_ends_every_process_of_a_node_run_and_says_so_in_one_line()
         error = next(m for m in iopub_until(kc, msg_id, lambda m: m["msg_type"] == "error", timeout=60)
                      if m["msg_type"] == "error")
         took = time.monotonic() - sent
+        iopub_until(kc, msg_id, lambda m: False)  # idle: a cell sent before would be aborted after the error
         traceback = error["content"]["traceback"]
         assert len(traceback) == 1, "\n".join(traceback)
         assert "distlab: interrupted; every process of these commands on node0 and node1 was stopped" in traceback[0]
@@ -84,7 +88,7 @@ def test_an_interrupt_ends_every_process_of_a_node_run_and_says_so_in_one_line()
         assert took < SOON_S, took
         assert marked(mark) == []  # nothing of the run is left, on any node, in any session
         after = iopub_until(kc, kc.execute("print(nodes.run(1, 'hostname').stdout)\nnodes.close()"), lambda m: False)
-        assert "node1" in text_of(after)  # the nodes stayed up
+        assert "node1" in text_of(after), [m["content"] for m in after if m["msg_type"] == "error"]  # still up
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
