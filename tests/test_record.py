@@ -144,7 +144,8 @@ def test_the_live_view_shows_each_ranks_latest_lines_and_counts_the_rest():
     shown = record.live_lines_per_rank(2)
     text = record.live_text(board, 11.4)
     last = record.LIVE_TAIL_LINES + 6
-    assert text.startswith("distlab: 2 ranks · running 11 s\n--- rank 0 · running · 507 lines ---\n"
+    assert text.startswith("distlab: 2 ranks · running 11 s\n" + record.live_note(11.4) + "\n"
+                           "--- rank 0 · running · 507 lines ---\n"
                            f"… {last + 1 - shown} earlier lines not shown\nstep {last + 1 - shown}\n"), text[:300]
     assert text.endswith(f"step {last}\n--- rank 1 · starting ---\n(starting…)")
     page = record.live_html(board, 11.4)
@@ -288,8 +289,8 @@ def test_the_live_view_is_one_plain_output_that_holds_every_line_printed_so_far(
     view, shower, clock = live_view
     ((first, live_id),) = shower.shown
     assert set(first) == {"text/html", "text/plain"}
-    assert first["text/plain"] == "distlab: 2 ranks · running 0 s\n--- rank 0 · starting ---\n(starting…)\n" \
-                                  "--- rank 1 · starting ---\n(starting…)"
+    assert first["text/plain"] == "distlab: 2 ranks · running 0 s\n" + record.live_note(0) + \
+                                  "\n--- rank 0 · starting ---\n(starting…)\n--- rank 1 · starting ---\n(starting…)"
     view.line(1, "step 1 of rank 1")
     clock.now += 0.1
     view.refresh()
@@ -308,7 +309,8 @@ def test_the_live_view_has_no_line_but_the_runs_own(live_view):
     clock.now += 3.0
     view.refresh()
     text = shower.latest()["text/plain"]
-    assert text.splitlines() == ["distlab: 2 ranks · running 3 s", "--- rank 0 · running · 1 line ---", "hello",
+    assert text.splitlines() == ["distlab: 2 ranks · running 3 s", record.live_note(3),
+                                 "--- rank 0 · running · 1 line ---", "hello",
                                  "--- rank 1 · starting ---", "(starting…)"]
 
 
@@ -385,3 +387,19 @@ def test_torchelastic_log_lines_stay_out_of_the_cell():
     with engine.quiet_torchelastic():
         quiet = agent.isEnabledFor(logging.WARNING)  # "Received 2 death signal, shutting down workers"
     assert not quiet and agent.isEnabledFor(logging.WARNING)
+
+
+def test_a_live_view_saved_or_left_by_its_kernel_says_what_it_is(live_view):
+    """Issue #52 item 4: a notebook saved mid-run, or a cell whose kernel restarted, keeps the live
+    view's last frame for good; it must not read as a run still going ("running 8 s" for ever)."""
+    view, shower, clock = live_view
+    view.line(0, "hello")
+    clock.now += 8.2
+    view.refresh()
+    frozen = shower.latest()  # what the notebook file holds if it is saved now
+    note = "live view as of 8 s; the run's record replaces it when the run ends in this kernel"
+    assert frozen["text/plain"].splitlines()[1] == note
+    assert f'<div class="distlab-live-note" style="opacity:0.7;font-size:smaller">{note}</div>' \
+        in frozen["text/html"].replace("&#x27;", "'")
+    view.finish(None)
+    assert "live view as of" not in shower.latest()["text/plain"]  # the record, in the same output

@@ -158,5 +158,22 @@ NODE_GONE = ("distlab: {node} is gone: the process that holds its namespaces end
              "Close these nodes and make new ones with distlab.Nodes(...).")
 
 
+NODE_RUN_INTERRUPTED = ("distlab: interrupted; every process of these commands on {hosts} was stopped{killed}. "
+                        "The nodes are still up: run the cell again.")
+
+
+class NodeRunInterrupted(KeyboardInterrupt):
+    """Kernel > Interrupt while commands ran on nodes; every process they started, on every node, is
+    gone. Still a KeyboardInterrupt. One line in a notebook, not a traceback through the wait loop."""
+
+    def __init__(self, hosts: list[str], killed: int):
+        self.hosts, self.killed = hosts, killed
+        super().__init__(NODE_RUN_INTERRUPTED.format(
+            hosts=" and ".join(hosts), killed=f" ({killed} of them with SIGKILL)" if killed else ""))
+
+    def _render_traceback_(self) -> list[str]:
+        return notebook_message("", str(self))
+
+
 class NodesError(DistlabError, RuntimeError):
     """Nodes (network namespaces standing in for machines) cannot start, or a step on one failed."""

@@ -144,13 +144,15 @@ class Nodes:
         kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), *self._net_fds())
         return subprocess.Popen(argv, **kwargs)
 
-    def kill_processes(self, node) -> list[int]:
+    def kill_processes(self, node, mark: str | None = None) -> list[int]:
         """Kill every process running on node ``node`` now, as when that machine's processes die
-        (a crash, the OOM killer); the node, its address and its link stay. Their pids."""
+        (a crash, the OOM killer); the node, its address and its link stay. With ``mark``
+        (``NAME=VALUE``) only the processes started with it in their environment: one run's, not
+        what other cells started there. Their pids."""
         k = plan.node_index(node, self.n)
         self._check_open()
         self._nodes[k].check()
-        return namespaces.kill_inside(self._nodes[k])
+        return namespaces.kill_inside(self._nodes[k], mark=mark)
 
     def alive(self, node) -> bool:
         """Whether node ``node`` still stands (its holder runs)."""

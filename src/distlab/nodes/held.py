@@ -115,8 +115,10 @@ def own_inode(kind: str = "net") -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def members(net: tuple[int, int], keep: set[int]) -> list[int]:
-    """Pids of processes whose network namespace is ``net`` (device, inode), except ``keep``."""
+def members(net: tuple[int, int], keep: set[int], mark: str | None = None) -> list[int]:
+    """Pids of processes whose network namespace is ``net`` (device, inode), except ``keep``; with
+    ``mark`` (``NAME=VALUE``) only those started with it in their environment (one run's processes,
+    found even when they left its process group or session, as torchrun's ranks do)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in keep:
@@ -125,6 +127,15 @@ def members(net: tuple[int, int], keep: set[int]) -> list[int]:
             st = os.stat(f"/proc/{entry}/ns/net")
         except OSError:  # gone, or not ours to look at
             continue
-        if (st.st_dev, st.st_ino) == net:
+        if (st.st_dev, st.st_ino) == net and (mark is None or carries(int(entry), mark)):
             found.append(int(entry))
     return found
+
+
+def carries(pid: int, mark: str) -> bool:
+    """Whether process ``pid`` was started with ``mark`` (``NAME=VALUE``) in its environment. The
+    environment it was started with, which its children inherit, not what it set later."""
+    try:
+        return mark.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False

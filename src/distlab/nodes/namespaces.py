@@ -204,9 +204,10 @@ def link_stats(switch: held.Held) -> str:
                           text=True, check=True).stdout
 
 
-def kill_inside(h: held.Held, passes: int = 20) -> list[int]:
+def kill_inside(h: held.Held, passes: int = 20, mark: str | None = None) -> list[int]:
     """SIGKILL every process in the network namespace ``h`` holds, found by the namespace's inode (never
-    by a pid's link text), except its holder and the ``unshare`` that made it, which keep the node.
+    by a pid's link text), except its holder and the ``unshare`` that made it, which keep the node;
+    with ``mark`` (``NAME=VALUE``) only the processes started with it in their environment.
     Repeats until a pass finds nothing, so a process forking while it runs does not outlive it. Refuses
     this process's own namespace (it would kill everything on the host). Their pids."""
     import signal
@@ -217,7 +218,7 @@ def kill_inside(h: held.Held, passes: int = 20) -> list[int]:
                          "process's own (the host's). This is a bug in distlab's nodes.")
     keep, killed = {h.pid, h.starter_pid, os.getpid()}, []
     for _ in range(passes):
-        found = held.members(net, keep)
+        found = held.members(net, keep, mark)
         if not found:
             break
         for pid in found:

@@ -20,6 +20,7 @@ import math
 import os
 import queue
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from distlab.errors import NodeRunInterrupted
 
 CHAPTER = "07_two_gpu_training.ipynb"
 SCRIPT_NAME = "ddp_train.py"
@@ -198,6 +201,15 @@ def checksums_in(log: str) -> dict[int, float]:
     return {int(rank): float(value) for rank, value in re.findall(pattern, log)}
 
 
+def epochs_in(log: str) -> dict[int, list[int]]:
+    """``{rank: [epochs it trained]}`` from the script's ``Rank r, Epoch e, Batch b`` lines: what shows
+    that a run trained, where a run that resumed from a finished checkpoint prints none."""
+    found: dict[int, set[int]] = {}
+    for rank, epoch in re.findall(r"Rank (\d+), Epoch (\d+), Batch \d+", log):
+        found.setdefault(int(rank), set()).add(int(epoch))
+    return {rank: sorted(epochs) for rank, epochs in sorted(found.items())}
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoints written by every rank: the race, frozen so it can be shown
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +275,14 @@ QUICK_ELASTIC = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeou
 PEER_LOST = r"(closed by peer \[{address}\]|\[{address}\]:\d+: Connection reset by peer)"
 
 
+#: In the environment of every process a run on nodes starts (torchrun's ranks inherit it): what
+#: finds them on each node when they must be stopped, even after they left the command's session.
+RUN_MARK = "DISTLAB_NODE_RUN"
+#: Seconds a command has after SIGTERM (a torchrun agent stops its ranks first) before everything of
+#: the run is SIGKILLed: torchrun's agents were seen ignoring SIGTERM for more than 8 s.
+TERM_S = 3.0
+
+
 def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = True) -> list[str]:
     """Run ``commands[k]`` on node ``k`` of ``nodes`` (a :class:`distlab.Nodes`), all at once, as one
     terminal per machine would; print each line as it comes, as ``[nodeK] line``; return each
@@ -285,6 +305,8 @@ class OnNodes:
         # lines as they come (a lesson waits for one, then kills a node): a script's print() into
         # torchrun's --tee file is block-buffered, and a learner's Jupyter does not set this for it
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[RUN_MARK] = secrets.token_hex(8)
+        self.mark = f"{RUN_MARK}={env[RUN_MARK]}"
         self.t0 = time.monotonic()
         self.lines: list[tuple[float, int, str]] = []
         self.lost: set[int] = set()
@@ -324,14 +346,17 @@ class OnNodes:
         """Seconds since the start at which a line matching ``pattern`` (a regular expression) came
         from ``node`` (any node if None), waiting for it if need be."""
         deadline, seen = time.monotonic() + timeout, 0
-        while True:
-            for t, k, line in self.lines[seen:]:
-                if (node is None or k == node) and re.search(pattern, line):
-                    return t
-            seen = len(self.lines)
-            if time.monotonic() > deadline or not self._take(0.1) and seen == len(self.lines):
-                raise RuntimeError(f"no line matching {pattern!r} came from "
-                                   f"{'any node' if node is None else self.nodes.hosts[node]} within {timeout:g} s")
+        try:
+            while True:
+                for t, k, line in self.lines[seen:]:
+                    if (node is None or k == node) and re.search(pattern, line):
+                        return t
+                seen = len(self.lines)
+                if time.monotonic() > deadline or not self._take(0.1) and seen == len(self.lines):
+                    where = "any node" if node is None else self.nodes.hosts[node]
+                    raise RuntimeError(f"no line matching {pattern!r} came from {where} within {timeout:g} s")
+        except KeyboardInterrupt:
+            raise NodeRunInterrupted(self.nodes.hosts, self._stop(grace_s=0)) from None
 
     def lose(self, node: int) -> float:
         """Kill every process of ``node`` now (its machine's processes die); the time it happened."""
@@ -349,8 +374,9 @@ class OnNodes:
                 if failed:
                     first_failed = failed[0]
                     break  # the others would wait for it in the rendezvous
-        finally:
-            self._stop(grace_s=10 if self._open == 0 else 0.5)
+        except KeyboardInterrupt:
+            raise NodeRunInterrupted(self.nodes.hosts, self._stop(grace_s=0)) from None
+        self._stop(grace_s=10 if self._open == 0 else 0.5)
         for k in ([first_failed] if first_failed is not None else range(len(self.procs))):
             if self.procs[k].returncode != 0 and k not in self.lost:
                 late = f" (stopped: still running after {timeout:g} s)" if self._open and first_failed is None else ""
@@ -359,20 +385,49 @@ class OnNodes:
                                    f"{self.procs[k].returncode}{late}; its last lines:\n{tail}")
         return ["\n".join(line for _, n, line in self.lines if n == k) for k in range(len(self.procs))]
 
-    def _stop(self, grace_s: float) -> None:
-        """Wait ``grace_s`` for each command, then SIGTERM (a torchrun agent stops its ranks), then SIGKILL."""
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, sig)
-                    try:
-                        proc.wait(timeout=grace)
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
+    def _stop(self, grace_s: float) -> int:
+        """Wait ``grace_s`` for the commands, SIGTERM the ones left (a torchrun agent stops its ranks),
+        and after :data:`TERM_S` SIGKILL every process of this run still on a node, found by
+        :data:`RUN_MARK` (torchrun's ranks run in sessions of their own, out of reach of the
+        command's process group). A second interrupt meanwhile is ignored: it would leave the rest
+        running. How many processes needed SIGKILL."""
+        with sigint_ignored():
+            end = time.monotonic() + grace_s
+            running = [p for p in self.procs if not _ended(p, end)]
+            for proc in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            end = time.monotonic() + TERM_S
+            for proc in running:
+                _ended(proc, end)  # TERM_S for them all, not each
+            killed = sum(len(self.nodes.kill_processes(k, mark=self.mark)) for k in range(len(self.procs))
+                         if not self.nodes.closed and self.nodes.alive(k))
+            for proc in self.procs:
+                _ended(proc, time.monotonic() + 5)
+        return killed
+
+
+def _ended(proc: subprocess.Popen, end: float) -> bool:
+    """Whether ``proc`` ended by the monotonic time ``end`` (waiting for it until then)."""
+    try:
+        proc.wait(timeout=max(0.0, end - time.monotonic()))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@contextmanager
+def sigint_ignored():
+    """SIGINT ignored in the block (in the main thread, where Python delivers it): stopping a run must
+    not be cut short by the learner's second Ctrl-C, or part of it would keep running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 class FoldedFrames:

@@ -317,6 +317,17 @@ def live_headline(board: Board, elapsed_s: float) -> str:
     return f"distlab: {n} rank{'s' * (n != 1)} · running {elapsed_s:.0f} s"
 
 
+#: Under the live headline. The live view is redrawn in place only while this kernel runs the cell: a
+#: notebook saved mid-run, or a cell whose kernel restarted, keeps its last frame for good, and a bare
+#: "running 8 s" would then claim a run that is long over. This line says what such a frame is.
+LIVE_NOTE = "live view as of {elapsed_s:.0f} s; the run's record replaces it when the run ends in this kernel"
+
+
+def live_note(elapsed_s: float) -> str:
+    """What the live view is (see :data:`LIVE_NOTE`): true in a live cell and in a frozen one alike."""
+    return LIVE_NOTE.format(elapsed_s=elapsed_s)
+
+
 def _heading_parts(state: RankState) -> list[str]:
     """The rank, its state as the record's summary says it, its line count, then its progress (last)."""
     parts = [state.who(), state.label()]
@@ -349,7 +360,9 @@ def live_html(board: Board, elapsed_s: float) -> str:
     state and latest lines."""
     shown = live_lines_per_rank(len(board.ranks))
     parts = [f'<div class="distlab-live"><div style="font-weight:bold">'
-             f"{html.escape(live_headline(board, elapsed_s))}</div>"]
+             f"{html.escape(live_headline(board, elapsed_s))}</div>"
+             f'<div class="distlab-live-note" style="opacity:0.7;font-size:smaller">'
+             f"{html.escape(live_note(elapsed_s))}</div>"]
     parts.extend(_live_rank_html(state, shown) for state in record_order(board))
     parts.append("</div>")
     return "".join(parts)
@@ -358,7 +371,7 @@ def live_html(board: Board, elapsed_s: float) -> str:
 def live_text(board: Board, elapsed_s: float) -> str:
     """The same live view as plain text, for front ends that show no HTML."""
     shown = live_lines_per_rank(len(board.ranks))
-    out = [live_headline(board, elapsed_s)]
+    out = [live_headline(board, elapsed_s), live_note(elapsed_s)]
     for state in record_order(board):
         lines = list(state.lines)[-shown:]
         out.append(f"--- {live_heading(state)} ---")
