@@ -96,6 +96,17 @@ def test_sbatch_by_hand_as_the_job_user_runs_a_task_on_each_node(cluster):
     assert lines[1:] == [f"task 0 node 0 on node0 as {cluster.user}", f"task 1 node 1 on node1 as {cluster.user}"]
 
 
+def test_a_request_no_node_can_satisfy_is_refused_at_submit(cluster):
+    """Issue #48: --cpus-per-task beyond a node's CPUs pended forever in PD (PartitionConfig)."""
+    work = cluster.workdir()
+    (work / "big.sbatch").write_text("#!/bin/bash\nsrun hostname\n")
+    cpus = int(subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
+    for extra in (["--nodes=2", "--ntasks-per-node=1", f"--cpus-per-task={cpus * 2}"], ["--nodes=3"]):
+        done = subprocess.run(["sbatch", "--parsable", *extra, "big.sbatch"], capture_output=True, text=True,
+                              cwd=work, **cluster.as_job_user)
+        assert done.returncode != 0 and "Batch job submission failed" in done.stderr, (extra, done.stdout)
+
+
 @pytest.mark.parametrize("mode", ["torchrun", "tasks"])
 def test_a_job_on_two_nodes_has_its_ranks_where_slurm_says_and_they_meet(cluster, mode):
     work = cluster.workdir()

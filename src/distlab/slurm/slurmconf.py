@@ -45,6 +45,8 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
+# a request no node can satisfy (more CPUs or memory than a node has) is refused at submit, not left pending
+EnforcePartLimits=ALL
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
