@@ -24,7 +24,8 @@ system's temporary directory (``distlab-slurm-*``), owned by root and the job us
 to 0711 once slurmd runs (it makes it 0755). Nobody outside that group can ask this munged for a
 credential, so no other user can talk to the daemons; so that group must be the job user's own (a
 job user whose primary group others share is refused). Everything else (key, state, logs) stays in
-the private folder.
+the private folder. When the cluster stops, the door goes, but the work folders of :meth:`LocalCluster.workdir`
+(what the learner's jobs wrote) move out first, to the notebook user (:func:`keep_work`).
 """
 from __future__ import annotations
 
@@ -129,10 +130,13 @@ class LocalCluster:
 
     def workdir(self, prefix: str = "work-") -> Path:
         """A fresh working folder that the job user owns (0700) and root may use: for scripts, data and
-        checkpoints that jobs read and write (``os.chdir`` to it from a notebook)."""
+        checkpoints that jobs read and write (``os.chdir`` to it from a notebook). It outlives the
+        cluster: ``stop()`` moves it to a folder of the notebook user's and prints where (:func:`keep_work`)."""
         made = Path(tempfile.mkdtemp(prefix=prefix, dir=self.jobs))
         pw = pwd.getpwnam(self.user)
         os.chown(made, pw.pw_uid, pw.pw_gid)
+        with open_private(self.folder / WORK_RECORD, "a") as f:  # kept when the cluster stops (keep_work)
+            f.write(made.name + "\n")
         return made
 
     @property
@@ -645,11 +649,37 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
     if record.exists():
         door = Path(record.read_text())
         if door.name.startswith("distlab-slurm-") and os.stat(door).st_uid == 0:
+            keep_work(Path(folder), door)
             shutil.rmtree(door, ignore_errors=True)  # the jobs' run folders go with it
     made = Path(folder) / ACCOUNT_RECORD
     if made.exists():
         remove_account(made.read_text().strip())
     shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
+
+
+WORK_RECORD = "workdirs"  # in the private folder: the names of the work folders workdir() made in jobs/
+
+
+def keep_work(folder: Path, door: Path) -> Path | None:
+    """Move the learner's work folders (:meth:`LocalCluster.workdir`: scripts, job output, checkpoints) out
+    of the door before it goes, into ``slurm-work-*`` next to the cluster's folder (the notebook user's
+    runs root, 0700), and make them the notebook user's: the job user may be deleted next, and a file of
+    a deleted account belongs to whoever gets its uid. Prints where they stay; returns it (None: none)."""
+    record = folder / WORK_RECORD
+    names = [n for n in record.read_text().split() if n] if record.exists() else []
+    found = [door / "jobs" / n for n in names if os.path.isdir(door / "jobs" / n)
+             and not os.path.islink(door / "jobs" / n)]
+    if not found:
+        return None
+    kept = Path(tempfile.mkdtemp(prefix="slurm-work-", dir=folder.parent))
+    for work in found:
+        shutil.move(str(work), str(kept / work.name))  # a rename (same file system), else a copy of links as links
+    for where, dirs, files in os.walk(kept, topdown=False):
+        for name in files + dirs:
+            os.lchown(os.path.join(where, name), os.getuid(), os.getgid())
+    print(f"distlab.slurm: the cluster stopped; its jobs' work folders stay in {kept}: "
+          f"{', '.join(sorted(w.name for w in found))}", flush=True)
+    return kept
 
 
 def remove_account(name: str) -> bool:
