@@ -580,3 +580,21 @@ def test_every_slurm_command_gets_slurm_conf_set(fake_scontrol, tmp_path):
     assert cluster.controller_answers() is True
     commands.ping()
     assert fake_scontrol.read_text().splitlines() == [f"SLURM_CONF={conf}"] * 2
+
+
+def test_every_task_gets_the_notebook_python_torchrun_and_a_private_tmpdir(tmp_path):
+    """Issue #48 items 2 and 6: the cluster's TaskProlog, named in its slurm.conf, puts the notebook's python and
+    torchrun first on PATH and TMPDIR in the door (gone with the cluster), for jobs written by hand too."""
+    from distlab.slurm import jobenv
+
+    door = tmp_path / "door"
+    text = slurmconf.config_text(tmp_path, "vm", 1, 2, "root", 2, 100, Path("/s"), task_prolog=door / jobenv.PROLOG)
+    assert f"\nTaskProlog={door / jobenv.PROLOG}\n" in text
+    prolog = jobenv.prolog_text(door, ["/opt/site-packages"])
+    assert f'echo "export PATH={door / jobenv.BIN}:$PATH"' in prolog
+    assert 'export PYTHONPATH=/opt/site-packages${PYTHONPATH:+:$PYTHONPATH}' in prolog
+    assert f"tmp={door / jobenv.TMP}/job-" in prolog and 'mkdir -p -m 700 "$tmp"' in prolog
+    assert "PYTHONPATH" not in jobenv.prolog_text(door, [])
+    made = jobenv.wrappers(Path("/usr/bin/python3.11"))
+    assert made["torchrun"].endswith('exec /usr/bin/python3.11 -m torch.distributed.run "$@"\n')
+    assert made["python"].endswith('exec /usr/bin/python3.11 "$@"\n') and set(made) == {"python", "python3", "torchrun"}

@@ -46,7 +46,7 @@ from pathlib import Path
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
 from distlab.forkserver import mode as launchmode
 
-from . import commands, login
+from . import commands, jobenv, login
 from .errors import SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM, ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
     PARTITION,
@@ -147,21 +147,17 @@ class LocalCluster:
         return env
 
     def environment_lines(self) -> list[str]:
-        """``export`` lines for a batch script written by hand that give the job user this notebook's Python,
-        torch and distlab, as distlab's own scripts do (the notebook's virtual environment may be where the
-        job user cannot go: then the system's Python of the same version with the notebook's packages)."""
-        import shlex
+        """``export`` lines that give a batch script this notebook's Python, torchrun, torch and distlab.
 
-        import distlab
+        Every job of this cluster already has them (its TaskProlog, :mod:`distlab.slurm.jobenv`): these lines
+        say the same in the script, for a reader, or for a job that ``--export=NONE`` would leave bare."""
+        import shlex
 
         from .jobuser import job_python
 
-        python, sites = job_python(pwd.getpwnam(self.user))
-        paths = [str(Path(distlab.__file__).resolve().parents[1]), *sites]
-        link = self.workdir("bin-") / "python"
-        link.symlink_to(python)  # `python` on the job's PATH is one the job user may run
-        return [f"export PATH={shlex.quote(str(link.parent))}:\"$PATH\"   # this cluster's stand-in for the venv",
-                f"export PYTHONPATH={shlex.quote(':'.join(paths))}"]
+        _, sites = job_python(pwd.getpwnam(self.user))
+        return [f"export PATH={shlex.quote(str(self.door / jobenv.BIN))}:\"$PATH\"   # this cluster's stand-in "
+                "for the venv", f"export PYTHONPATH={shlex.quote(':'.join(jobenv.import_paths(sites)))}"]
 
     @property
     def hosts(self) -> list[str]:
@@ -409,6 +405,7 @@ def _start(cluster: LocalCluster) -> None:
     for sub in ("run", "state", "log", "munge"):
         os.mkdir(folder / sub, PRIVATE_DIR)
     cluster.door = make_door(folder, pwd.getpwnam(cluster.user), cluster.hosts if cluster.nodes is not None else ())
+    jobenv.install(cluster.door, pwd.getpwnam(cluster.user))
     sock = cluster.door / "munge.sock"
     cluster.ports = dict(NODE_PORTS) if cluster.nodes is not None else {"ctld": free_port(), "slurmd": free_port()}
     _write_conf(cluster, sock)
@@ -526,7 +523,8 @@ def _write_conf(cluster: LocalCluster, sock: Path) -> None:
         memory //= len(nodes)
     write_private(cluster.conf, config_text(cluster.folder, socket.gethostname().split(".")[0],
                                             cluster.ports["ctld"], cluster.ports["slurmd"], user, cpus, memory, sock,
-                                            spool=cluster.door / "spool", nodes=nodes))
+                                            spool=cluster.door / "spool", nodes=nodes,
+                                            task_prolog=cluster.door / jobenv.PROLOG))
     os.chown(cluster.conf, 0, os.stat(cluster.door).st_gid)
     os.chmod(cluster.conf, 0o640)
 
