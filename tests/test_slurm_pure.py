@@ -598,3 +598,29 @@ def test_every_task_gets_the_notebook_python_torchrun_and_a_private_tmpdir(tmp_p
     made = jobenv.wrappers(Path("/usr/bin/python3.11"))
     assert made["torchrun"].endswith('exec /usr/bin/python3.11 -m torch.distributed.run "$@"\n')
     assert made["python"].endswith('exec /usr/bin/python3.11 "$@"\n') and set(made) == {"python", "python3", "torchrun"}
+
+
+def test_a_new_job_account_never_gets_a_uid_that_owns_leftovers(tmp_path, monkeypatch):
+    """Issue #48 item 6: files a deleted distlab-job left in /tmp went to the next cluster's new distlab-job,
+    which useradd gave the same (freed) uid."""
+    import grp
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another uid needs root")
+    taken = {a.pw_uid for a in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    orphan = jobuser.fresh_system_uid(taken, *jobuser.system_uid_range())  # what useradd would hand out next
+    leftover = tmp_path / "torchelastic_abc"
+    leftover.mkdir()
+    os.chown(leftover, orphan, orphan)
+    (tmp_path / "mine").mkdir()
+    assert jobuser.leftover_uids([str(tmp_path)]) == {orphan}
+    monkeypatch.setattr(jobuser, "SHARED_TMP", (str(tmp_path),))
+    argv = []
+    monkeypatch.setattr(cluster.subprocess, "run", lambda a, **kw: argv.append(a) or
+                        subprocess.CompletedProcess(a, 1, "", "not made: a test"))
+    with pytest.raises(errors.ClusterError, match="could not create its job user"):
+        cluster.ensure_account("distlab-no-such-user", True)
+    uid = int(argv[0][argv[0].index("--uid") + 1])
+    assert uid != orphan and uid not in taken and argv[0][0] == "useradd"
+    assert jobuser.fresh_system_uid({999, 998}, 100, 999) == 997

@@ -348,14 +348,17 @@ def account_exists(name: str) -> bool:
 
 def ensure_account(name: str, create: bool) -> pwd.struct_passwd:
     """The account ``name``; :data:`JOB_ACCOUNT` is made if missing (a system account: no home, no
-    login shell, its own group). Refuses an account with uid 0."""
+    login shell, its own group, a uid that owns no leftovers). Refuses an account with uid 0."""
     try:
         account = pwd.getpwnam(name)
     except KeyError:
         if not create:
             raise ClusterError(f"its job user {name!r} does not exist", "Create it, or pass another user=.") from None
-        made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
-                               "/usr/sbin/nologin", name], capture_output=True, text=True)
+        from .jobuser import new_account_uid
+
+        uid = str(new_account_uid())  # never one a deleted account's leftovers still name
+        made = subprocess.run(["useradd", "--system", "--user-group", "--uid", uid, "--no-create-home",
+                               "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
         try:
             account = pwd.getpwnam(name)
         except KeyError:
