@@ -57,6 +57,16 @@ def test_each_node_has_its_name_and_address_and_resolves_the_others(nodes):
     assert socket.gethostname() not in ("node0", "node1")  # the host keeps its own name
 
 
+def test_a_node_names_one_address_for_itself_as_a_real_host_does(nodes):
+    """``hostname --ip-address`` (what batch scripts paste into ``--rdzv_endpoint``) prints one address;
+    node0 resolves to its IPv4 address first; a peer's IPv4-mapped address still has a name (c10d asks)."""
+    out = nodes.run(0, "hostname --ip-address; getent hosts node0 | head -1; getent hosts ::ffff:10.77.0.2").stdout
+    lines = out.split("\n")
+    assert lines[0].strip() == "10.77.0.1", out
+    assert lines[1].split() == ["10.77.0.1", "node0"], out
+    assert lines[2].split()[1:] == ["node1-v4mapped"], out
+
+
 def test_nodes_talk_over_their_links_and_the_kernel_counts_it(nodes):
     before = nodes.traffic()
     server = nodes.popen(1, [sys.executable, "-c", textwrap.dedent("""

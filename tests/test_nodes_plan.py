@@ -46,6 +46,19 @@ def test_every_node_names_every_node():
     assert [plan.address(k) for k in range(2)] == ["10.77.0.1", "10.77.0.2"]
 
 
+def test_a_node_s_name_resolves_to_one_address_and_its_mapped_address_to_an_alias():
+    """Issue #48: a second line naming node0 at ::ffff:10.77.0.1 made ``hostname --ip-address`` print two
+    addresses, and a batch script's ``--rdzv_endpoint $head_node_ip:29500`` broke."""
+    names: dict[str, list[str]] = {}
+    for line in plan.hosts_file(3).splitlines():
+        addr, *aliases = line.split()
+        for name in aliases:
+            names.setdefault(name, []).append(addr)
+    for k in range(3):
+        assert names[plan.host(k)] == [plan.address(k)]
+        assert names[plan.mapped_alias(k)] == [f"::ffff:{plan.address(k)}"]  # c10d's reverse lookup of a peer
+
+
 def test_traffic_reads_the_switch_ports_the_other_way_round():
     ports = [{"ifname": "br0", "stats64": {"rx": {"bytes": 1, "packets": 1}, "tx": {"bytes": 1, "packets": 1}}},
              {"ifname": "n0", "stats64": {"rx": {"bytes": 500, "packets": 5}, "tx": {"bytes": 70, "packets": 1}}},

@@ -185,7 +185,25 @@ def test_a_thread_that_prints_during_its_own_call_shows_in_that_call(ranks, caps
 def test_values_that_cannot_travel_come_back_as_their_repr(ranks):
     values = ranks.exec("class Local:\n    def __repr__(self):\n        return 'Local on ' + str(rank)\nLocal()")
     assert values == {0: Shown("Local on 0"), 1: Shown("Local on 1")}
-    assert repr(ranks.exec("(lambda: 1)", ranks=[0])[0]).startswith("<function <lambda> at")
+    assert repr(ranks.exec("(lambda: 1)", ranks=[0])[0]).startswith("<only shown: <function <lambda> at")
+
+
+def test_a_function_pulled_from_the_ranks_says_it_stays_there(ranks):
+    """Issue #48: ``ranks.pull("f")`` gave a stand-in whose repr was the function's own, and calling it
+    raised ``TypeError: 'Shown' object is not callable``."""
+    ranks.exec("def on_rank():\n    return rank")
+    pulled = ranks.pull("on_rank")[1]
+    assert repr(pulled).startswith("<only shown: <function on_rank at") and "stays there" in repr(pulled)
+    with pytest.raises(TypeError, match="cannot be called here. Call it on the ranks"):
+        pulled()
+
+
+def test_push_ships_a_notebook_function_as_run_and_spawn_do(ranks):
+    """Issue #48: ``ranks.push(f=<notebook function>)`` was refused, while ``ranks.run`` sent the same function."""
+    ns = run_cells("SCALE = 2\n", "def helper(x):\n    return x * SCALE\n",
+                   "def doubled(x):\n    return helper(x) + rank\n")
+    ranks.push(g=ns["doubled"], n=3)
+    assert ranks.exec("g(n), doubled(n)") == {0: (6, 6), 1: (7, 7)}
 
 
 def test_sockets_stay_on_loopback_and_ranks_are_never_forks_of_this_process(ranks):

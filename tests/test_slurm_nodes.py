@@ -9,6 +9,7 @@ cluster or its nodes is left after ``stop()``.
 """
 import json
 import os
+import pwd
 import subprocess
 import time
 from pathlib import Path
@@ -94,6 +95,48 @@ def test_sbatch_by_hand_as_the_job_user_runs_a_task_on_each_node(cluster):
     # root's compile cache (set by `import distlab` in this process) is not passed on: the job's import failed
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") and lines[0] == "cache unset"
     assert lines[1:] == [f"task 0 node 0 on node0 as {cluster.user}", f"task 1 node 1 on node1 as {cluster.user}"]
+
+
+def test_a_request_no_node_can_satisfy_is_refused_at_submit(cluster):
+    """Issue #48: --cpus-per-task beyond a node's CPUs pended forever in PD (PartitionConfig)."""
+    work = cluster.workdir()
+    (work / "big.sbatch").write_text("#!/bin/bash\nsrun hostname\n")
+    cpus = int(subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
+    for extra in (["--nodes=2", "--ntasks-per-node=1", f"--cpus-per-task={cpus * 2}"], ["--nodes=3"]):
+        done = subprocess.run(["sbatch", "--parsable", *extra, "big.sbatch"], capture_output=True, text=True,
+                              cwd=work, **cluster.as_job_user)
+        assert done.returncode != 0 and "Batch job submission failed" in done.stderr, (extra, done.stdout)
+
+
+HAND_WRITTEN = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --output=hand-%j.out
+nodes=( $( scontrol show hostnames $SLURM_JOB_NODELIST ) )
+head_node_ip=$(srun --nodes=1 --ntasks=1 -w "${nodes[0]}" hostname --ip-address)
+echo "tmp $TMPDIR"
+srun python -c 'import torch, distlab, os, tempfile; print("python", tempfile.gettempdir() == os.environ["TMPDIR"])'
+srun torchrun --nnodes 2 --nproc_per_node 1 --rdzv_id 48 --rdzv_backend c10d \\
+    --rdzv_endpoint $head_node_ip:29500 where.py
+"""
+
+
+def test_a_hand_written_batch_script_finds_python_torchrun_and_a_private_tmpdir(cluster):
+    """Issue #48: a script with no distlab lines got `execve(): torchrun: No such file or directory`, the
+    head node's two addresses as its endpoint, and left torchelastic_* folders in the shared /tmp."""
+    work = cluster.workdir()
+    (work / "where.py").write_text(WHERE)
+    (work / "hand.sbatch").write_text(HAND_WRITTEN)
+    done = subprocess.run(["sbatch", "--parsable", "--wait", "hand.sbatch"], capture_output=True, text=True,
+                          cwd=work, timeout=120, **cluster.as_job_user)
+    out = (work / f"hand-{int(done.stdout)}.out").read_text() if done.stdout.strip() else ""
+    assert done.returncode == 0, done.stderr + out
+    tmp = next(line.split()[1] for line in out.splitlines() if line.startswith("tmp "))
+    assert tmp.startswith(str(cluster.door)), out  # private, and gone with the cluster
+    assert os.stat(tmp).st_uid == pwd.getpwnam(cluster.user).pw_uid and os.stat(tmp).st_mode & 0o077 == 0
+    assert out.count("python True") == 2, out
+    wheres = sorted(line.split()[1:3] for line in out.splitlines() if line.startswith("where "))
+    assert wheres == [["node0", "0"], ["node1", "1"]], out
 
 
 @pytest.mark.parametrize("mode", ["torchrun", "tasks"])

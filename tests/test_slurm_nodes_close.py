@@ -6,6 +6,7 @@ enter whatever namespace held node0's old pid). Its own module: a second cluster
 module-wide one of ``test_slurm_nodes.py``.
 """
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -32,3 +33,27 @@ def test_a_cluster_stops_with_its_nodes_and_its_shims_then_refuse(module_runs_ro
     after = subprocess.run([str(kept), "-h"], capture_output=True, text=True, timeout=30)
     assert after.returncode == 1 and after.stdout == ""
     assert after.stderr.startswith("distlab: this Slurm cluster's nodes are gone"), after.stderr
+
+
+def test_close_keeps_what_the_jobs_wrote_and_says_where(module_runs_root, capsys):
+    """Issue #48: close() deleted cluster.workdir() with the job's output and a trained snapshot.pt."""
+    cluster = slurm.local_cluster(nodes=2, use_existing=False)
+    kept = None
+    try:
+        work = cluster.workdir()
+        done = subprocess.run(["sbatch", "--wait", "--output=out-%j.txt", "--wrap", "echo trained > snapshot.pt"],
+                              capture_output=True, text=True, cwd=work, timeout=60, **cluster.as_job_user)
+        assert done.returncode == 0, done.stderr
+        cluster.close()
+        said = capsys.readouterr().out
+        assert f"stay in {module_runs_root}" in said and work.name in said, said
+        kept = next(module_runs_root.glob("slurm-work-*"))
+        assert (kept / work.name / "snapshot.pt").read_text() == "trained\n"
+        assert len(list((kept / work.name).glob("out-*.txt"))) == 1
+        owners = {p.lstat().st_uid for p in [kept, *kept.rglob("*")]}
+        assert owners == {os.getuid()}, "the kept work must be the notebook user's (the job user may go)"
+        assert kept.stat().st_mode & 0o077 == 0 and not cluster.door.exists() and not cluster.folder.exists()
+    finally:
+        cluster.close()
+        if kept is not None:
+            shutil.rmtree(kept)

@@ -580,3 +580,47 @@ def test_every_slurm_command_gets_slurm_conf_set(fake_scontrol, tmp_path):
     assert cluster.controller_answers() is True
     commands.ping()
     assert fake_scontrol.read_text().splitlines() == [f"SLURM_CONF={conf}"] * 2
+
+
+def test_every_task_gets_the_notebook_python_torchrun_and_a_private_tmpdir(tmp_path):
+    """Issue #48 items 2 and 6: the cluster's TaskProlog, named in its slurm.conf, puts the notebook's python and
+    torchrun first on PATH and TMPDIR in the door (gone with the cluster), for jobs written by hand too."""
+    from distlab.slurm import jobenv
+
+    door = tmp_path / "door"
+    text = slurmconf.config_text(tmp_path, "vm", 1, 2, "root", 2, 100, Path("/s"), task_prolog=door / jobenv.PROLOG)
+    assert f"\nTaskProlog={door / jobenv.PROLOG}\n" in text
+    prolog = jobenv.prolog_text(door, ["/opt/site-packages"])
+    assert f'echo "export PATH={door / jobenv.BIN}:$PATH"' in prolog
+    assert 'export PYTHONPATH=/opt/site-packages${PYTHONPATH:+:$PYTHONPATH}' in prolog
+    assert f"tmp={door / jobenv.TMP}/job-" in prolog and 'mkdir -p -m 700 "$tmp"' in prolog
+    assert "PYTHONPATH" not in jobenv.prolog_text(door, [])
+    made = jobenv.wrappers(Path("/usr/bin/python3.11"))
+    assert made["torchrun"].endswith('exec /usr/bin/python3.11 -m torch.distributed.run "$@"\n')
+    assert made["python"].endswith('exec /usr/bin/python3.11 "$@"\n') and set(made) == {"python", "python3", "torchrun"}
+
+
+def test_a_new_job_account_never_gets_a_uid_that_owns_leftovers(tmp_path, monkeypatch):
+    """Issue #48 item 6: files a deleted distlab-job left in /tmp went to the next cluster's new distlab-job,
+    which useradd gave the same (freed) uid."""
+    import grp
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another uid needs root")
+    taken = {a.pw_uid for a in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    orphan = jobuser.fresh_system_uid(taken, *jobuser.system_uid_range())  # what useradd would hand out next
+    leftover = tmp_path / "torchelastic_abc"
+    leftover.mkdir()
+    os.chown(leftover, orphan, orphan)
+    (tmp_path / "mine").mkdir()
+    assert jobuser.leftover_uids([str(tmp_path)]) == {orphan}
+    monkeypatch.setattr(jobuser, "SHARED_TMP", (str(tmp_path),))
+    argv = []
+    monkeypatch.setattr(cluster.subprocess, "run", lambda a, **kw: argv.append(a) or
+                        subprocess.CompletedProcess(a, 1, "", "not made: a test"))
+    with pytest.raises(errors.ClusterError, match="could not create its job user"):
+        cluster.ensure_account("distlab-no-such-user", True)
+    uid = int(argv[0][argv[0].index("--uid") + 1])
+    assert uid != orphan and uid not in taken and argv[0][0] == "useradd"
+    assert jobuser.fresh_system_uid({999, 998}, 100, 999) == 997

@@ -81,13 +81,23 @@ def switch_port(node: int) -> str:
     return f"n{node}"
 
 
+def mapped_alias(node: int) -> str:
+    """The name of node ``node``'s IPv4-mapped IPv6 address (``::ffff:10.77.0.1``): its own alias, so that
+    the node's name resolves to one address, as a real host's does."""
+    return f"{host(node)}-v4mapped"
+
+
 def hosts_file(n: int) -> str:
-    """``/etc/hosts`` as every node sees it: localhost, and each node's name at its address."""
+    """``/etc/hosts`` as every node sees it: localhost, and each node's name at its one (IPv4) address.
+
+    torch's TCP store listens on IPv6 and sees its IPv4 peers as ``::ffff:a.b.c.d``; asking the name of
+    such a peer without a line for it goes to DNS, which no node reaches (c10d warned "hostname of the
+    client socket cannot be retrieved"). So each mapped address has a line too, under its own alias
+    (:func:`mapped_alias`), never under the node's name: ``hostname --ip-address`` on a node, which batch
+    scripts paste into ``--rdzv_endpoint``, must print one address."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     lines += [f"{address(k)}\t{host(k)}" for k in range(n)]
-    # torch's TCP store listens on IPv6 and sees its IPv4 peers as ::ffff:a.b.c.d; without these
-    # lines naming them asks DNS, which no node reaches ("hostname of the client socket cannot be retrieved")
-    lines += [f"::ffff:{address(k)}\t{host(k)}" for k in range(n)]
+    lines += [f"::ffff:{address(k)}\t{mapped_alias(k)}" for k in range(n)]
     return "\n".join(lines) + "\n"
 
 

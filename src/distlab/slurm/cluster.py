@@ -24,7 +24,8 @@ system's temporary directory (``distlab-slurm-*``), owned by root and the job us
 to 0711 once slurmd runs (it makes it 0755). Nobody outside that group can ask this munged for a
 credential, so no other user can talk to the daemons; so that group must be the job user's own (a
 job user whose primary group others share is refused). Everything else (key, state, logs) stays in
-the private folder.
+the private folder. When the cluster stops, the door goes, but the work folders of :meth:`LocalCluster.workdir`
+(what the learner's jobs wrote) move out first, to the notebook user (:func:`keep_work`).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from pathlib import Path
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
 from distlab.forkserver import mode as launchmode
 
-from . import commands, login
+from . import commands, jobenv, login
 from .errors import SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM, ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
     PARTITION,
@@ -129,10 +130,13 @@ class LocalCluster:
 
     def workdir(self, prefix: str = "work-") -> Path:
         """A fresh working folder that the job user owns (0700) and root may use: for scripts, data and
-        checkpoints that jobs read and write (``os.chdir`` to it from a notebook)."""
+        checkpoints that jobs read and write (``os.chdir`` to it from a notebook). It outlives the
+        cluster: ``stop()`` moves it to a folder of the notebook user's and prints where (:func:`keep_work`)."""
         made = Path(tempfile.mkdtemp(prefix=prefix, dir=self.jobs))
         pw = pwd.getpwnam(self.user)
         os.chown(made, pw.pw_uid, pw.pw_gid)
+        with open_private(self.folder / WORK_RECORD, "a") as f:  # kept when the cluster stops (keep_work)
+            f.write(made.name + "\n")
         return made
 
     @property
@@ -143,21 +147,17 @@ class LocalCluster:
         return env
 
     def environment_lines(self) -> list[str]:
-        """``export`` lines for a batch script written by hand that give the job user this notebook's Python,
-        torch and distlab, as distlab's own scripts do (the notebook's virtual environment may be where the
-        job user cannot go: then the system's Python of the same version with the notebook's packages)."""
-        import shlex
+        """``export`` lines that give a batch script this notebook's Python, torchrun, torch and distlab.
 
-        import distlab
+        Every job of this cluster already has them (its TaskProlog, :mod:`distlab.slurm.jobenv`): these lines
+        say the same in the script, for a reader, or for a job that ``--export=NONE`` would leave bare."""
+        import shlex
 
         from .jobuser import job_python
 
-        python, sites = job_python(pwd.getpwnam(self.user))
-        paths = [str(Path(distlab.__file__).resolve().parents[1]), *sites]
-        link = self.workdir("bin-") / "python"
-        link.symlink_to(python)  # `python` on the job's PATH is one the job user may run
-        return [f"export PATH={shlex.quote(str(link.parent))}:\"$PATH\"   # this cluster's stand-in for the venv",
-                f"export PYTHONPATH={shlex.quote(':'.join(paths))}"]
+        _, sites = job_python(pwd.getpwnam(self.user))
+        return [f"export PATH={shlex.quote(str(self.door / jobenv.BIN))}:\"$PATH\"   # this cluster's stand-in "
+                "for the venv", f"export PYTHONPATH={shlex.quote(':'.join(jobenv.import_paths(sites)))}"]
 
     @property
     def hosts(self) -> list[str]:
@@ -348,14 +348,17 @@ def account_exists(name: str) -> bool:
 
 def ensure_account(name: str, create: bool) -> pwd.struct_passwd:
     """The account ``name``; :data:`JOB_ACCOUNT` is made if missing (a system account: no home, no
-    login shell, its own group). Refuses an account with uid 0."""
+    login shell, its own group, a uid that owns no leftovers). Refuses an account with uid 0."""
     try:
         account = pwd.getpwnam(name)
     except KeyError:
         if not create:
             raise ClusterError(f"its job user {name!r} does not exist", "Create it, or pass another user=.") from None
-        made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
-                               "/usr/sbin/nologin", name], capture_output=True, text=True)
+        from .jobuser import new_account_uid
+
+        uid = str(new_account_uid())  # never one a deleted account's leftovers still name
+        made = subprocess.run(["useradd", "--system", "--user-group", "--uid", uid, "--no-create-home",
+                               "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True)
         try:
             account = pwd.getpwnam(name)
         except KeyError:
@@ -405,6 +408,7 @@ def _start(cluster: LocalCluster) -> None:
     for sub in ("run", "state", "log", "munge"):
         os.mkdir(folder / sub, PRIVATE_DIR)
     cluster.door = make_door(folder, pwd.getpwnam(cluster.user), cluster.hosts if cluster.nodes is not None else ())
+    jobenv.install(cluster.door, pwd.getpwnam(cluster.user))
     sock = cluster.door / "munge.sock"
     cluster.ports = dict(NODE_PORTS) if cluster.nodes is not None else {"ctld": free_port(), "slurmd": free_port()}
     _write_conf(cluster, sock)
@@ -522,7 +526,8 @@ def _write_conf(cluster: LocalCluster, sock: Path) -> None:
         memory //= len(nodes)
     write_private(cluster.conf, config_text(cluster.folder, socket.gethostname().split(".")[0],
                                             cluster.ports["ctld"], cluster.ports["slurmd"], user, cpus, memory, sock,
-                                            spool=cluster.door / "spool", nodes=nodes))
+                                            spool=cluster.door / "spool", nodes=nodes,
+                                            task_prolog=cluster.door / jobenv.PROLOG))
     os.chown(cluster.conf, 0, os.stat(cluster.door).st_gid)
     os.chmod(cluster.conf, 0o640)
 
@@ -645,11 +650,37 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
     if record.exists():
         door = Path(record.read_text())
         if door.name.startswith("distlab-slurm-") and os.stat(door).st_uid == 0:
+            keep_work(Path(folder), door)
             shutil.rmtree(door, ignore_errors=True)  # the jobs' run folders go with it
     made = Path(folder) / ACCOUNT_RECORD
     if made.exists():
         remove_account(made.read_text().strip())
     shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
+
+
+WORK_RECORD = "workdirs"  # in the private folder: the names of the work folders workdir() made in jobs/
+
+
+def keep_work(folder: Path, door: Path) -> Path | None:
+    """Move the learner's work folders (:meth:`LocalCluster.workdir`: scripts, job output, checkpoints) out
+    of the door before it goes, into ``slurm-work-*`` next to the cluster's folder (the notebook user's
+    runs root, 0700), and make them the notebook user's: the job user may be deleted next, and a file of
+    a deleted account belongs to whoever gets its uid. Prints where they stay; returns it (None: none)."""
+    record = folder / WORK_RECORD
+    names = [n for n in record.read_text().split() if n] if record.exists() else []
+    found = [door / "jobs" / n for n in names if os.path.isdir(door / "jobs" / n)
+             and not os.path.islink(door / "jobs" / n)]
+    if not found:
+        return None
+    kept = Path(tempfile.mkdtemp(prefix="slurm-work-", dir=folder.parent))
+    for work in found:
+        shutil.move(str(work), str(kept / work.name))  # a rename (same file system), else a copy of links as links
+    for where, dirs, files in os.walk(kept, topdown=False):
+        for name in files + dirs:
+            os.lchown(os.path.join(where, name), os.getuid(), os.getgid())
+    print(f"distlab.slurm: the cluster stopped; its jobs' work folders stay in {kept}: "
+          f"{', '.join(sorted(w.name for w in found))}", flush=True)
+    return kept
 
 
 def remove_account(name: str) -> bool:

@@ -20,6 +20,7 @@ an account that runs nothing but this cluster's jobs.
 from __future__ import annotations
 
 import functools
+import grp
 import json
 import os
 import pwd
@@ -144,3 +145,57 @@ def check_job_file(path: Path, uid: int) -> None:
     if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
         raise RunFolderError(f"distlab.slurm: refusing {path}: not a file only uid {uid} may write "
                              f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}).")
+
+
+#: where a job's leftovers of the past would be (torchrun's ``torchelastic_*`` before jobs had their TMPDIR)
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def leftover_uids(dirs=SHARED_TMP, known: set[int] | None = None) -> set[int]:
+    """uids of no account that own an entry at the top of ``dirs``: a deleted job user's files. An account
+    made with such a uid would own them, and whatever they hold would be the new account's."""
+    known = {a.pw_uid for a in pwd.getpwall()} if known is None else known
+    found = set()
+    for folder in dirs:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                uid = entry.stat(follow_symlinks=False).st_uid
+            except OSError:
+                continue
+            if uid not in known:
+                found.add(uid)
+    return found
+
+
+def system_uid_range(login_defs: str = "/etc/login.defs") -> tuple[int, int]:
+    """(SYS_UID_MIN, SYS_UID_MAX) as useradd reads them; Debian's defaults (100, 999) where unset."""
+    found = {"SYS_UID_MIN": 100, "SYS_UID_MAX": 999}
+    try:
+        lines = Path(login_defs).read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in found and parts[1].isdigit():
+            found[parts[0]] = int(parts[1])
+    return found["SYS_UID_MIN"], found["SYS_UID_MAX"]
+
+
+def fresh_system_uid(taken: set[int], low: int, high: int) -> int:
+    """The highest uid from ``high`` down to ``low`` not in ``taken`` (pure); useradd counts down the same way."""
+    for uid in range(high, low - 1, -1):
+        if uid not in taken:
+            return uid
+    raise SlurmArgumentError("user", "distlab-job", f"no free system uid from {low} to {high} that owns no "
+                             "leftover files", "Remove the leftovers of deleted accounts, or pass user=.")
+
+
+def new_account_uid() -> int:
+    """A uid for a new job account: no account's, no group's (its own group gets the same number) and
+    none that owns leftovers in the shared temporary folders (:func:`leftover_uids`)."""
+    taken = {a.pw_uid for a in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()} | leftover_uids(SHARED_TMP)
+    return fresh_system_uid(taken, *system_uid_range())

@@ -45,6 +45,8 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
+# a request no node can satisfy (more CPUs or memory than a node has) is refused at submit, not left pending
+EnforcePartLimits=ALL
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
@@ -61,7 +63,7 @@ SlurmdSpoolDir={spool}{spool_node}
 StateSaveLocation={folder}/state
 SlurmctldLogFile={folder}/log/slurmctld.log
 SlurmdLogFile={folder}/log/slurmd{per_node}.log
-{node_lines}
+{task_prolog}{node_lines}
 PartitionName={partition} Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -94,17 +96,22 @@ def node_resources() -> tuple[int, int]:
 
 def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user: str,
                 cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION,
-                spool: Path | None = None, nodes: list[tuple[str, str]] | None = None) -> str:
+                spool: Path | None = None, nodes: list[tuple[str, str]] | None = None,
+                task_prolog: Path | None = None) -> str:
     """The cluster's slurm.conf (pure: tests read it).
 
     ``nodes``: (name, address) of each node when the cluster runs on :class:`distlab.Nodes` (the
     controller on the first, one slurmd on each, every daemon bound to its node's private address);
-    None: one node, this host, everything on 127.0.0.1."""
+    None: one node, this host, everything on 127.0.0.1. ``task_prolog``: the script every task's environment
+    comes from (:mod:`distlab.slurm.jobenv`: the notebook's Python and torchrun on PATH, a private TMPDIR)."""
     hosts = nodes or [(host, "127.0.0.1")]
     node_lines = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN"
                            for name, addr in hosts)
     what = f"{len(hosts)} nodes, each a network namespace of distlab.Nodes" if nodes else "one node, this host"
-    return CONF.format(folder=folder, spool=spool or folder / "spool", ctld_host=hosts[0][0], ctld_addr=hosts[0][1],
+    prolog = (f"# every task (a batch script's too) gets the notebook's python and torchrun on PATH, its own TMPDIR\n"
+              f"TaskProlog={task_prolog}\n") if task_prolog else ""
+    return CONF.format(task_prolog=prolog, folder=folder,
+                       spool=spool or folder / "spool", ctld_host=hosts[0][0], ctld_addr=hosts[0][1],
                        bind="its node's private address" if nodes else "127.0.0.1", what=what,
                        per_node="-%n" if nodes else "", spool_node="/%n" if nodes else "", node_lines=node_lines,
                        node_names=",".join(name for name, _ in hosts), ctld_port=ctld_port,

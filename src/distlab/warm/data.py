@@ -50,7 +50,8 @@ def pack(values: dict) -> bytes:
     """Pickle ``{name: value}``; a value that cannot travel is named before anything is sent.
 
     A function or class defined in the notebook pickles here (by reference, ``__main__.name``) but
-    a rank cannot find it: it is refused with the same error as a lambda."""
+    a rank cannot find it: it is refused with the same error as a lambda. (``ranks.push`` sends a
+    notebook function's source instead, before it gets here; a class alone it cannot.)"""
     for name, value in values.items():
         if _defined_in_notebook(value):
             kind = "class" if isinstance(value, type) else "function"
@@ -70,6 +71,11 @@ def pack(values: dict) -> bytes:
                                "Send data (tensors, numbers, lists, dicts); define functions and classes on "
                                "the ranks instead (a %%ranks cell or ranks.run).") from None
     return pickle.dumps(values)
+
+
+def notebook_function(value) -> bool:
+    """A function defined in the notebook: ``ranks.push`` sends its source (:func:`distlab.warm.ranks.shipped`)."""
+    return inspect.isfunction(value) and getattr(value, "__module__", None) == "__main__"
 
 
 def _defined_in_notebook(value) -> bool:

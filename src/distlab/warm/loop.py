@@ -138,7 +138,7 @@ def _run(units: list, values: bytes, entry: str, args: bytes, ns: dict):
             exec(compile(source, filename, "exec"), ns)
         shipped = pickle.loads(values)
         ns.update({name: v for name, v in shipped.items() if name not in proto.RANK_OWNED})
-        return ns[entry](*pickle.loads(args))
+        return ns[entry](*pickle.loads(args)) if entry else None  # "": definitions only (ranks.push of a function)
 
 
 def _push(data: bytes, ns: dict) -> None:
@@ -200,7 +200,7 @@ class Sender:
                 if b"__main__" in value:
                     raise pickle.PicklingError("defined on the rank only")
             except Exception:
-                value = pickle.dumps(proto.Shown(_safe_repr(reply[2])))
+                value = pickle.dumps(proto.Shown(proto.shown_text(reply[2], _safe_repr(reply[2]))))
             reply = reply[:2] + (value,)
         self.send(reply)
 

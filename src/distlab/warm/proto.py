@@ -4,7 +4,7 @@ The kernel (:mod:`distlab.warm.ranks`) and every rank (:mod:`distlab.warm.loop`)
 pickled tuples over a ``multiprocessing`` pipe. Kernel to rank::
 
     ("exec", req, source, filename)              run cell source; reply with its last expression
-    ("run", req, units, values, entry, args)     define captured code, call entry(*args)
+    ("run", req, units, values, entry, args)     define captured code, call entry(*args) (entry "": only define)
     ("push", req, pickled_values)                set these variables ({name: value}) in the namespace
     ("pull", req, names)                         reply with the value of a name (a tuple for several)
     ("probe", req)                               all-reduce a one: is the process group healthy?
@@ -123,10 +123,22 @@ class Shown:
     def __repr__(self) -> str:
         return self.text
 
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.text} is what a rank showed of its value, not the value: it cannot be called here. "
+                        "Call it on the ranks (a %%ranks cell, or ranks.run of a function that calls it).")
+
     def __eq__(self, other) -> bool:
         return isinstance(other, Shown) and other.text == self.text
 
     __hash__ = None
+
+
+def shown_text(value, text: str) -> str:
+    """What stands in the kernel for a rank's ``value`` that cannot travel, shown as ``text`` (its repr): a
+    function or class says that it stays on the rank, so that its repr is never taken for the thing itself."""
+    if callable(value) and (isinstance(value, type) or hasattr(value, "__code__") or hasattr(value, "__func__")):
+        return f"<only shown: {text}, defined on the rank, stays there>"
+    return text
 
 
 def load_value(data: bytes):

@@ -190,13 +190,8 @@ class Ranks:
         __tracebackhide__ = True
         config.check_function(fn)
         selected, limit = self._selection(ranks), self._limit(timeout)
-        cap = capture.capture(fn, args)  # raises CaptureError before anything is sent
-        head = proto.captured_head(cap)
-        units = [(head, f"<distlab: imports for {fn.__name__}>", head)]
-        units += [definition_unit(text, fn.__globals__) for text in cap.definitions]
-        warn_rank_owned(fn.__name__, proto.shipped_rank_names(cap))
-        values = {name: v for name, v in cap.values.items() if name not in proto.RANK_OWNED}
-        payload = (units, pickle.dumps(values), cap.entry, pickle.dumps(args))
+        units, values, entry = shipped(fn, args)  # raises CaptureError before anything is sent
+        payload = (units, values, entry, pickle.dumps(args))
         outcome = self._call((proto.RUN, *payload), selected, limit, f"ranks.run({fn.__name__})")
         if isinstance(outcome, BaseException):
             raise outcome
@@ -210,12 +205,22 @@ class Ranks:
         Each rank gets its own copy (pickled here, sent over the rank's private pipe). A name that
         clashes with ``ranks``/``timeout`` goes in a dict: ``ranks.push({"ranks": 4})``. One value
         per rank instead: :meth:`scatter`.
+
+        A function defined in the notebook travels as ``ranks.run`` and ``spawn`` send one: as its source, with
+        the helpers, classes, imports and constants it uses (a rank has no notebook to import it from).
         """
         __tracebackhide__ = True
         values = data.merge(namespace, values, "push")
         selected, limit = self._selection(ranks), self._limit(timeout)
-        payload = data.pack(values)
-        outcome = self._call((proto.PUSH, payload), selected, limit, f"ranks.push({', '.join(values)})")
+        functions = {name: v for name, v in values.items() if data.notebook_function(v)}
+        defined = [shipped(fn, (), alias=name) for name, fn in functions.items()]  # CaptureError before sending
+        payload = data.pack({name: v for name, v in values.items() if name not in functions})
+        where = f"ranks.push({', '.join(values)})"
+        for units, shipped_values, _ in defined:
+            outcome = self._call((proto.RUN, units, shipped_values, "", pickle.dumps(())), selected, limit, where)
+            if isinstance(outcome, BaseException):
+                raise outcome
+        outcome = self._call((proto.PUSH, payload), selected, limit, where)
         if isinstance(outcome, BaseException):
             raise outcome
 
@@ -421,6 +426,20 @@ def send_each(conv: Conversation, messages: dict[int, tuple]) -> None:
             conv.group.conns[rank].send_bytes(pickle.dumps((kind, conv.req, *payload)))
         except OSError:
             conv._record(rank, conv._death(rank))
+
+
+def shipped(fn, args: tuple, alias: str | None = None) -> tuple[list, bytes, str]:
+    """(units, pickled values, entry) that define notebook function ``fn`` and what it uses on a rank, as
+    :func:`distlab.spawn` captures it; ``alias``: the name it gets there too (``ranks.push(g=f)``)."""
+    cap = capture.capture(fn, args)  # raises CaptureError before anything is sent
+    head = proto.captured_head(cap)
+    units = [(head, f"<distlab: imports for {fn.__name__}>", head)]
+    units += [definition_unit(text, fn.__globals__) for text in cap.definitions]
+    if alias is not None and alias != cap.entry:
+        units.append((f"{alias} = {cap.entry}\n", f"<distlab: push {alias}>", f"{alias} = {cap.entry}\n"))
+    warn_rank_owned(fn.__name__, proto.shipped_rank_names(cap))
+    values = {name: v for name, v in cap.values.items() if name not in proto.RANK_OWNED}
+    return units, pickle.dumps(values), cap.entry
 
 
 def definition_unit(source: str, ns: dict) -> tuple[str, str, str]:
