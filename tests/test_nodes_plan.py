@@ -77,4 +77,4 @@ def test_the_refusal_names_the_setting_that_refuses():
 
     assert "apparmor_restrict_unprivileged_userns=0" in namespaces.refusal_cause(read)
     assert "CAP_SYS_ADMIN" in namespaces.refusal_cause(lambda p: "5")
-    assert namespaces.missing_tools(lambda tool: None if tool == "tc" else "/bin/" + tool) == ["tc"]
+    assert namespaces.missing_tools(lambda tool, path=None: None if tool == "tc" else "/bin/" + tool) == ["tc"]

@@ -240,8 +240,11 @@ def test_the_time_limit_warning_checkpoints_requeues_and_resumes_on_two_nodes(cl
         by_attempt = {}
         for row in res.metrics[rank]:
             by_attempt.setdefault(row["attempt"], []).append(row["step"])
+        # An attempt whose warning came before its first step (a loaded machine: Slurm's warning is due 10 s into
+        # each attempt, and starting may take longer) checkpoints at once and logs no step; it is held, not lost
+        # (distlab.worker.release_on_handler). Every attempt that logged steps takes up where the last stopped.
         attempts = sorted(by_attempt)
-        assert attempts == list(range(len(attempts))) and len(attempts) >= 2
+        assert attempts[0] == 0 and len(attempts) >= 2 and max(attempts) < res.attempts
         for a, b in zip(attempts, attempts[1:], strict=False):  # each attempt takes up where the last stopped
             assert by_attempt[b][0] == by_attempt[a][-1] + 1, (rank, by_attempt)
         assert by_attempt[attempts[-1]][-1] == steps
