@@ -104,6 +104,9 @@ def shell(tmp_path, monkeypatch):
     recorded.everything.cache_clear()
     for name in ("made", "value", "Widget"):
         ip.user_ns.pop(name, None)
+    # no shell outlives the test: later tests' get_ipython() would find it, and distlab would read the
+    # notebook's names from this shell instead of __main__ (test_ranks' NameError hint failed after it)
+    InteractiveShell.clear_instance()
 
 
 def run(ip, source: str):

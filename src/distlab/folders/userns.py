@@ -69,7 +69,12 @@ def parse_uid_map(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(lines)
 
 
-def read_view(read=lambda path: open(path).read()) -> UidView:
+def _read(path: str) -> str:
+    with open(path) as f:  # closed at once: an unclosed file is a ResourceWarning in the learner's cell
+        return f.read()
+
+
+def read_view(read=_read) -> UidView:
     """The view of the process that reads ``/proc/self``; the host's own view where ``/proc`` has
     no uid map (a kernel without user namespaces, or another system)."""
     try:
