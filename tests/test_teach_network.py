@@ -38,7 +38,7 @@ def test_message_sizes_and_their_names():
 def test_repeats_cover_the_token_buckets_burst():
     bits = 1e9
     burst = bits / 8 * 0.008  # 1 MB at 1 Gbit/s
-    assert network.repeats(4096, bits) == 20              # capped
+    assert network.repeats(4096, bits) == 40              # capped
     assert network.repeats(network.MB, bits) * network.MB >= 15 * burst
     assert network.repeats(64 * network.MB, bits) == 1
 
@@ -48,7 +48,17 @@ def test_law_rows_set_measurements_beside_the_bound():
     assert [r["bytes"] for r in rows] == [4096, 64 * network.MB]          # sorted by size
     assert rows[1]["fraction"] == pytest.approx(network.bound_s(64 * network.MB, 2, 1e9) / 0.56)
     assert rows[0]["fraction"] < 0.1                                       # latency-bound
+    assert "fastest" not in rows[0]
     assert rows[1]["size"] == "64 MB"
+
+
+def test_law_rows_carry_the_fastest_repeats_and_print_them(capsys):
+    rows = network.law_rows({4096: 0.0031, network.MB: 0.009}, 2, 1e9, fastest={4096: 0.0003, network.MB: 0.0085})
+    assert [r["fastest"] for r in rows] == [0.0003, 0.0085]
+    network.print_rows(rows, "2 nodes:")
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[-1] == "fastest"
+    assert out[2].split()[-2:] == ["0.300", "ms"]
 
 
 def test_net_dev_reads_each_interface(tmp_path):
