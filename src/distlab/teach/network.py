@@ -82,7 +82,8 @@ def print_rows(rows: list[dict], title: str) -> None:
     """The law's table, as the chapter prints it."""
     fastest = all("fastest" in row for row in rows)
     print(title)
-    print(f"  {'size':>7} {'measured':>12} {'bound':>12} {'bound/measured':>15}" + (f" {'fastest':>12}" if fastest else ""))
+    header = f"  {'size':>7} {'measured':>12} {'bound':>12} {'bound/measured':>15}"
+    print(header + (f" {'fastest':>12}" if fastest else ""))
     for row in rows:
         print(f"  {row['size']:>7} {row['seconds'] * 1e3:9.3f} ms {row['bound_s'] * 1e3:9.3f} ms "
               f"{row['fraction']:15.2f}" + (f" {row['fastest'] * 1e3:9.3f} ms" if fastest else ""))
