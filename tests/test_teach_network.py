@@ -40,7 +40,9 @@ def test_repeats_cover_the_token_buckets_burst():
     burst = bits / 8 * 0.008  # 1 MB at 1 Gbit/s
     assert network.repeats(4096, bits) == 40              # capped
     assert network.repeats(network.MB, bits) * network.MB >= 15 * burst
-    assert network.repeats(64 * network.MB, bits) == 1
+    assert network.repeats(64 * network.MB, bits) == 1      # timed once: long enough alone
+    assert network.repeats(16 * network.MB, bits) == 3      # at least 3: a median outvotes one slow moment
+    assert network.repeats(4 * network.MB, 100e6) == 3
 
 
 def test_law_rows_set_measurements_beside_the_bound():

@@ -41,14 +41,21 @@ def message_sizes(smallest: int = 4096, largest: int = 64 * MB, factor: int = 4)
     return sizes
 
 
-def repeats(nbytes: int, bits_per_s: float, burst_s: float = 0.008, most: int = 40) -> int:
+def repeats(nbytes: int, bits_per_s: float, burst_s: float = 0.008, most: int = 40, least: int = 3,
+            alone: int = 32 * MB) -> int:
     """How many all-reduces of ``nbytes`` to time back to back, so that a link's token bucket,
     which lets ``burst_s`` worth of bytes through at full speed after a pause, is a small part
-    of what is timed: at least 16 bursts' worth, at least 1, at most ``most``. Small messages get
-    the most: they take well under a millisecond, and on a shared machine a stretch of them waits
-    for a core (see :func:`law_rows`), so their fastest repeats need a sample spread over time."""
+    of what is timed: at least 16 bursts' worth, at most ``most``.
+
+    At least ``least``, so that a moment when another program held a core is outvoted by the
+    median, except for messages of ``alone`` bytes or more: timed once, they take long enough
+    that such a moment is a small part. Small messages get the most repeats: they take well
+    under a millisecond, and on a shared machine a stretch of them waits for a core together
+    (see :func:`law_rows`), so their fastest repeats need a sample spread over time."""
+    if nbytes >= alone:
+        return 1
     burst = bits_per_s / 8 * burst_s
-    return max(1, min(most, math.ceil(16 * burst / nbytes)))
+    return max(least, min(most, math.ceil(16 * burst / nbytes)))
 
 
 def size_text(nbytes: float) -> str:
