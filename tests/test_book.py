@@ -17,3 +17,23 @@ def test_chapter_page_has_executed_outputs(executed_book, name):
     assert page.exists(), f"missing page {page}"
     html = page.read_text()
     assert 'class="cell_output' in html, f"{name}.html shows no executed output"
+
+
+# chapters with a knob lab (distlab.teach.knobs): controls in JupyterLab, a static picture here
+LAB_PAGES = ["book/05_collectives", "book/06_distributed_sampler", "book/10_performance_lab",
+             "book/14_network"]
+# Sphinx loads MathJax from its CDN on pages with math: older than the labs, and not theirs
+NOT_THE_LABS = ("mathjax",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LAB_PAGES)
+def test_a_lab_page_shows_its_default_picture_and_needs_no_widget_script(executed_book, name):
+    import re
+
+    html = (executed_book["html"] / f"{name}.html").read_text()
+    assert "in JupyterLab, controls change these" in html  # the lab ran with its defaults
+    remote = re.findall(r'<script[^>]*\ssrc="((?:https?:)?//[^"]+)"', html)
+    assert [url for url in remote if not any(k in url for k in NOT_THE_LABS)] == []
+    for widget_trace in ("widget-state+json", "widget-view+json", "html-manager", "require.min.js"):
+        assert widget_trace not in html, widget_trace

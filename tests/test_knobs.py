@@ -122,3 +122,22 @@ def test_a_figure_becomes_a_png_and_leaves_pyplot():
     assert shown.format == "png" and shown.data[:4] == b"\x89PNG"
     assert not plt.fignum_exists(fig.number)
     assert K.as_displayable("text") == "text"
+
+
+def test_without_a_live_frontend_no_widget_is_made_and_the_defaults_are_shown(monkeypatch, capsys):
+    """nbclient and the book build: no widget (so no widget state saved, no widget JavaScript in
+    the book), the picture of the default settings, and one line naming them."""
+    from ipywidgets.widgets import widget
+
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    before = set(widget._instances)
+
+    def measure(world=4, shuffle=True):
+        return f"picture of world={world}, shuffle={shuffle}"
+
+    lab = K.knobs(measure, world=(2, 8), shuffle=True)
+    assert set(widget._instances) == before and lab.widgets == {}
+    out = capsys.readouterr().out
+    assert "measure(world=4, shuffle=True); in JupyterLab, controls change these" in out
+    assert "picture of world=4, shuffle=True" in out
+    assert lab.shown == {"world": 4, "shuffle": True} and lab.runs == 1
