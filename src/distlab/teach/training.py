@@ -536,9 +536,9 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # Since Slurm 22.05 srun does not pass --cpus-per-task on to its tasks: say it again.
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
-# No --node-rank: c10d numbers the nodes. ("$SLURM_NODEID" on this line would be expanded once,
-# here on the first node, and give every node 0.) --kill-on-bad-exit: a node whose torchrun
-# fails ends the others now, not at NCCL's timeout.
+# No --node-rank: c10d ignores it and numbers the nodes by their sorted host names (FQDN).
+# ("$SLURM_NODEID" on this line would be expanded once, here on the first node, and give every
+# node 0.) --kill-on-bad-exit: a node whose torchrun fails ends the others now, not at NCCL's timeout.
 srun --kill-on-bad-exit=1 torchrun \\
     --nnodes "$SLURM_NNODES" \\
     --nproc-per-node {gpus} \\
