@@ -12,10 +12,11 @@ before: wrapped Python would read as other code, and 41 columns would make every
 Four steps, the first three repeated until nothing changes (a fixed point, so a second run changes nothing):
 
 1. Comments: a trailing comment that makes its line too long moves onto its own line above it, at the
-   line's indentation (unless the line was long only for the spaces that aligned its comment); a comment line that is too long is wrapped (``reflow_comments``). Comments are found
-   with ``tokenize``, so a ``#`` inside a string is never taken for one; ``# noqa`` and ``# type:`` stay.
+   line's indentation (unless the line was long only for the spaces that aligned its comment); a comment
+   line that is too long is wrapped into lines of about equal length (``reflow_comments``). Comments are
+   found with ``tokenize``, so a ``#`` inside a string is never taken for one; ``# noqa`` and ``# type:`` stay.
    This comes first: ruff would rather split the code of a line than move the comment that makes it long.
-2. ``ruff format`` with ``line-length = LIMIT`` and quotes preserved (``format_cell``). A cell that starts
+2. ``ruff format`` with ``line-length = LIMIT`` and quotes preserved (``format_cells``). A cell that starts
    with a cell magic whose body is Python (``%%ranks``, ``%%needs``, ``%%time``, ``%%writefile x.py``) is
    formatted without its first line; other cell magics (``%%bash``) are left alone. Line magics and
    ``!commands`` inside a cell are IPython syntax ruff's notebook mode understands. ruff refuses to change
@@ -25,8 +26,8 @@ Four steps, the first three repeated until nothing changes (a fixed point, so a 
    ``{...}``; a piece without a placeholder loses its ``f``).
    A docstring line that is too long is cut at spaces into lines of its indentation (``wrap_docstrings``):
    prose, so the check that the program is the same blanks docstrings.
-4. What is left (a URL, a string with no room to cut) is listed by ``--check`` for a person
-   to fix by hand.
+4. What is left (a URL, a string with no room to cut, a ```bash block in markdown) is listed by
+   ``--check`` for a person to fix by hand.
 
 Notebooks are written back with the project's formatting (``json.dump(indent=1)``), cell ids kept. Only
 code changes: code cells, and the ```python blocks of markdown cells (exercise solutions, which the test
@@ -308,9 +309,33 @@ def fenced(cell: dict) -> list[str]:
     return [m[1].rstrip("\n") for m in FENCE.finditer(source)] if cell["cell_type"] == "markdown" else []
 
 
+def markdown_blocks(text: str) -> list[str]:
+    """The contents of a markdown text's ``` blocks, directives (```{note}) left out."""
+    blocks, fence, lines = [], None, []
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            if fence is None:
+                fence, lines = line[3:], []
+            else:
+                blocks += [] if fence.startswith("{") else ["\n".join(lines)]
+                fence = None
+        elif fence is not None:
+            lines.append(line)
+    return blocks
+
+
+def shown(cell: dict) -> list[str]:
+    """Every piece of code a cell shows: ``fenced`` and a markdown cell's other blocks (```bash, ...),
+    which the tool cannot format: a person fits those."""
+    if cell["cell_type"] != "markdown":
+        return fenced(cell)
+    return markdown_blocks("".join(cell["source"]))
+
+
 def long_lines(notebook: dict) -> list[tuple[int, str]]:
-    """``(cell index, line)`` for every line of code (code cells, python blocks in markdown) over LIMIT."""
-    return [(k, line) for k, cell in enumerate(notebook["cells"]) for code in fenced(cell)
+    """``(cell index, line)`` for every line of code a reader sees (code cells, code blocks in markdown)
+    longer than LIMIT."""
+    return [(k, line) for k, cell in enumerate(notebook["cells"]) for code in shown(cell)
             for line in code.split("\n") if len(line) > LIMIT]
 
 

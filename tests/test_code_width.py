@@ -28,13 +28,7 @@ def test_no_code_line_is_wider_than_the_page(path):
 
 def fenced_lines(markdown: str) -> list[str]:
     """Lines inside ``` blocks of a page, but not inside directives (```{eval-rst} ...)."""
-    found, fence = [], None
-    for line in markdown.split("\n"):
-        if line.startswith("```"):
-            fence = None if fence is not None else line[3:]
-        elif fence is not None and not fence.startswith("{"):
-            found.append(line)
-    return found
+    return [line for block in fit_code.markdown_blocks(markdown) for line in block.split("\n")]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "book").glob("*.md")), ids=lambda p: p.stem)
