@@ -75,10 +75,13 @@ def test_long_strings_are_cut_into_literals_that_join_to_the_same_string():
 def test_cell_magics_keep_their_line_and_other_languages_are_left_alone():
     ranks = "%%ranks 0,1\nt = torch.ones(1) * (rank + 1); dist.all_reduce(t)"
     bash = "%%bash\necho " + "word " * 30
-    fitted = fit_code.fit_sources([ranks, bash, "%load_ext distlab\nx=1"])
+    needs = "%%needs nodes\nres=distlab.spawn(f,nprocs=1,nodes=nodes)"
+    fitted = fit_code.fit_sources([ranks, bash, "%load_ext distlab\nx=1", "x=1\n!echo hi\nfiles = !ls", needs])
     assert fitted[0] == "%%ranks 0,1\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)"
     assert fitted[1] == bash
     assert fitted[2] == "%load_ext distlab\nx = 1"
+    assert fitted[3] == "x = 1\n!echo hi\nfiles = !ls"
+    assert fitted[4] == "%%needs nodes\nres = distlab.spawn(f, nprocs=1, nodes=nodes)"
 
 
 def test_fitting_is_idempotent_and_keeps_the_program():

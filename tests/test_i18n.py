@@ -210,3 +210,16 @@ def test_no_english_raw_html_text_is_left_in_the_chinese_notebooks(tmp_path):
     assert not left, left
     solutions = sum(p.read_text().count("<summary>参考答案</summary>") for p in (tmp_path / "book").glob("*.ipynb"))
     assert solutions >= 40
+
+
+def test_a_page_that_stays_english_keeps_only_its_head_in_the_template(tmp_path):
+    pot = tmp_path / "ref.pot"
+    pot.write_text('msgid ""\nmsgstr ""\n\nmsgid "Reference"\nmsgstr ""\n\n'
+                   'msgid "Generated; it stays in English."\nmsgstr ""\n\nmsgid "spawn(fn)"\nmsgstr ""\n')
+    i18n.keep_head(pot, "stays in English")
+    from babel.messages.pofile import read_po
+
+    with open(pot, "rb") as f:
+        assert [m.id for m in read_po(f) if m.id] == ["Reference", "Generated; it stays in English."]
+    with pytest.raises(ValueError, match="no entry says"):
+        i18n.keep_head(pot, "a sentence the page lost")
