@@ -26,7 +26,7 @@ import threading
 from multiprocessing import util
 from pathlib import Path
 
-from distlab.folders import private
+from distlab.folders import owner, private
 from distlab.folders.private import ENV, check_private_dir, folder_prefix
 
 _LOCK = threading.RLock()
@@ -44,10 +44,19 @@ def process_dir(root: Path | None = None) -> Path:
             check_private_dir(folder)
             return folder
         folder = Path(tempfile.mkdtemp(prefix=folder_prefix(pid), dir=private.private_root(root)))
+        owner.write(folder)  # which process this is, so that pruning knows when it has gone
         _DIRS[pid] = folder
         # removed after multiprocessing's own exit handlers, which remove its pymp-* folder in here
         util.Finalize(None, _remove, args=(folder, pid), exitpriority=-101)
         return folder
+
+
+def work_folder(prefix: str = "work-") -> Path:
+    """A fresh private folder (0700, ``mkdtemp``) for a notebook's own files, a script and its
+    checkpoints, inside :func:`process_dir`: it goes with that folder when the kernel ends, and
+    after a SIGKILL with the next kernel's pruning. Nothing is left that the learner did not ask to
+    keep: what should stay is copied out of it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=process_dir()))
 
 
 def _remove(folder: Path, pid: int) -> None:
