@@ -86,9 +86,11 @@ def verdict(folder: Path, pid: int, here: tuple[str, str] | None = None, started
     return started(pid) != mark[3]
 
 
-def reused(pid: int, since: float) -> bool:
+def reused(pid: int, since: float, margin_s: float = 60.0) -> bool:
     """Whether the process now running as ``pid`` started after ``since`` (a time): then it cannot
-    be the one that changed a folder at ``since``, which has ended. For folders without a stamp."""
+    be the one that changed a folder at ``since``, which has ended. For folders without a stamp.
+    ``margin_s``: a start time in wall-clock seconds is derived from the boot time, which moves
+    when the clock is set; a live folder must never look stale."""
     ticks = start_ticks(pid)
     if ticks is None:
         return False
@@ -97,4 +99,4 @@ def reused(pid: int, since: float) -> bool:
             boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
     except (OSError, StopIteration, ValueError):
         return False
-    return boot + ticks / os.sysconf("SC_CLK_TCK") > since + 1.0  # btime is whole seconds
+    return boot + ticks / os.sysconf("SC_CLK_TCK") > since + margin_s
