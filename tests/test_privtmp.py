@@ -151,3 +151,18 @@ def test_a_process_folder_carries_its_stamp_and_holds_the_work_folders(tmp_root)
         assert stamp[2] == os.getpid() and owner.verdict(folder, os.getpid()) is False  # its process runs
     work = privtmp.work_folder("ddp-train-")
     assert work.parent == folder and work.name.startswith("ddp-train-") and private.is_private_dir(work)
+
+
+def test_a_sigterm_during_the_exit_handlers_does_not_stop_the_folders_removal(tmp_path):
+    """jupyter_client SIGTERMs a kernel 2.5 s after its shutdown request; on a loaded machine that can land
+    while the kernel runs its exit handlers, before the one that removes its private folder."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, os, signal\nfrom distlab.folders import privtmp\n"
+            "atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # runs before multiprocessing's handlers\n"
+            "print(privtmp.process_dir(), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs")})
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(done.stdout.strip())

@@ -18,9 +18,11 @@ pruned. Standard library only, like :mod:`distlab.folders.runfolder`.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from multiprocessing import util
@@ -48,6 +50,7 @@ def process_dir(root: Path | None = None) -> Path:
         _DIRS[pid] = folder
         # removed after multiprocessing's own exit handlers, which remove its pymp-* folder in here
         util.Finalize(None, _remove, args=(folder, pid), exitpriority=-101)
+        finish_exit_handlers_despite_sigterm()
         return folder
 
 
@@ -57,6 +60,21 @@ def work_folder(prefix: str = "work-") -> Path:
     after a SIGKILL with the next kernel's pruning. Nothing is left that the learner did not ask to
     keep: what should stay is copied out of it."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=process_dir()))
+
+
+def finish_exit_handlers_despite_sigterm() -> None:
+    """Once this process is exiting, let a SIGTERM wait until the exit handlers registered so far
+    (this folder's removal, closing :class:`distlab.Nodes`) have run. jupyter_client SIGTERMs a
+    kernel 2.5 s after it asked it to shut down, and a loaded machine can take that long to get to
+    them; its SIGKILL, 2.5 s later, still ends the kernel. Call it again after registering another
+    handler: the last one registered runs first."""
+    atexit.unregister(_ignore_sigterm)
+    atexit.register(_ignore_sigterm)
+
+
+def _ignore_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _remove(folder: Path, pid: int) -> None:

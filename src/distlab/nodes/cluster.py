@@ -17,7 +17,7 @@ import tempfile
 import weakref
 
 from distlab.errors import NODE_COMMAND, DistlabError, NodesError
-from distlab.folders import private
+from distlab.folders import private, privtmp
 from distlab.nodes import held, namespaces, plan
 
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # every Nodes not closed yet
@@ -39,6 +39,7 @@ class Nodes:
         self._held: list[held.Held] = []  # [switch, node0, node1, ...]: the namespaces, open until close()
         self._on_close: list = []
         self._finalizer = weakref.finalize(self, _end, self._holders, self._held, self._on_close)
+        privtmp.finish_exit_handlers_despite_sigterm()  # at the kernel's exit, the nodes close to the end
         try:
             self._start(bits)
         except BaseException:
