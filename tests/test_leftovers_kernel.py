@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from procs import running
 
@@ -74,9 +75,20 @@ def hosts_of(names: list[str]) -> list[str]:
     return sorted(private.owner_of(name)[0] for name in names)
 
 
-def net_namespaces() -> set[str]:
-    out = subprocess.run(["lsns", "-t", "net", "-n", "-o", "NS"], capture_output=True, text=True).stdout
-    return {f"net:[{ns}]" for ns in out.split()}
+def leaked(spaces: list[str], ended: float) -> set[str]:
+    """Which of ``spaces`` (``net:[inode]``) ``lsns -t net`` still lists, held by a process that started
+    before ``ended`` (a time). Other work on this machine makes namespaces too, and the kernel reuses a
+    freed namespace's inode number: a namespace made since ours went is someone else's."""
+    out = subprocess.run(["lsns", "-t", "net", "-n", "-o", "NS,PID"], capture_output=True, text=True).stdout
+    found = set()
+    for line in out.splitlines():
+        ns, pid = line.split()
+        try:
+            if f"net:[{ns}]" in spaces and psutil.Process(int(pid)).create_time() <= ended:
+                found.add(f"net:[{ns}]")
+        except psutil.Error:
+            continue
+    return found
 
 
 def leftovers(root: Path) -> list[str]:
@@ -119,7 +131,8 @@ def test_a_kernel_shut_down_as_jupyterlab_does_leaves_nothing_behind(root):
     assert kernel.poll() is not None
     assert leftovers(root) == []  # the kernel's folder and those of the processes it ran on the nodes
     assert not Path(used["work"]).exists()  # chapter 7's WORK, with its script and checkpoints
-    assert wait_until(lambda: not set(used["spaces"]) & net_namespaces()), "a node's namespace outlived the kernel"
+    ended = time.time()
+    assert wait_until(lambda: not leaked(used["spaces"], ended)), "a node's namespace outlived the kernel"
     assert not [p for p in used["holders"] if running(p)]
 
 
@@ -135,7 +148,8 @@ def test_what_a_killed_kernel_left_goes_when_the_next_kernel_starts(root):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-    assert wait_until(lambda: not set(used["spaces"]) & net_namespaces())  # the holders' input closed with the kernel
+    ended = time.time()
+    assert wait_until(lambda: not leaked(used["spaces"], ended))  # the holders' input closed with the kernel
     assert set(mine) <= set(leftovers(root))  # nothing ran at the SIGKILL
     km2, kc2 = start_kernel(root)
     try:
