@@ -57,8 +57,32 @@ def extract_templates(source: Path, out: Path) -> Path:
            "--builder", "custom", "--custom-builder", "gettext"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     templates = out / "_build" / "gettext"
+    for page, marker in ENGLISH_AFTER.items():
+        keep_head(templates / f"{page}.pot", marker)
     write_figure_templates(source, templates / FIGURES)
     return templates
+
+
+#: pages that stay English in a translated edition after the entry that says so (the generated reference:
+#: autodoc's text is the package's docstrings, which live in the code)
+ENGLISH_AFTER = {"book/reference": "stays in English"}
+
+
+def keep_head(pot: Path, marker: str) -> None:
+    """Drop every entry of ``pot`` after the first one whose English contains ``marker`` (Sphinx writes a
+    page's entries in the order they appear); no entry has the marker -> an error, not a silent skip."""
+    from babel.messages.pofile import read_po, write_po
+
+    with open(pot, "rb") as f:
+        catalog = read_po(f)
+    ids = [m.id for m in catalog if m.id]
+    hits = [i for i, msgid in enumerate(ids) if marker in msgid]
+    if not hits:
+        raise ValueError(f"{pot.name}: no entry says {marker!r}; the page would stay untranslated unannounced")
+    for msgid in ids[hits[0] + 1:]:
+        del catalog[msgid]
+    with open(pot, "wb") as f:
+        write_po(f, catalog, width=0, omit_header=False)
 
 
 # --- captions and alt text: MyST-NB reads them from each figure cell's metadata; with the raw HTML's

@@ -26,6 +26,11 @@ def toc_files() -> list[str]:
     return files
 
 
+def chapter_files() -> list[str]:
+    """The toc's notebooks (the intro and the chapters), without the appendix's markdown pages."""
+    return [name for name in toc_files() if (ROOT / f"{name}.ipynb").exists()]
+
+
 def copy_sources(dest: Path) -> None:
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy(ROOT / name, dest / name)

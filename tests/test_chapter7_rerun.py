@@ -31,21 +31,37 @@ def tee(rank: int, text: str) -> str:
     return f"[default{rank % 2}]:Rank {rank}, {text}"
 
 
+def agent_log(group_rank: int, started: str) -> list[str]:
+    """torchrun's INFO lines the chapter reads: when its agent started and began the rendezvous, its node rank."""
+    api = "1 torch/distributed/elastic/agent/server/api.py:"
+    return [f"I1205 {started}.000000 {api}912] [default] starting workers for entrypoint: python",
+            f"I1205 {started}.100000 {api}707] [default] Rendezvous'ing worker group",
+            f"I1205 {started}.900000 {api}553]   group_rank={group_rank}"]
+
+
 def outputs(trained: bool, checkpoint: Path) -> list[str]:
-    """What each node printed: a run that trained both epochs, or one that resumed after them."""
-    def node(ranks):
+    """What each node printed: a run that trained both epochs, or one that resumed after them; node1's agent
+    started 2 s before node0's."""
+    def node(ranks, started):
         lines = [tee(r, f"Epoch {e}, Batch 0, Loss: 0.69") for e in (0, 1) for r in ranks] if trained else \
                 [tee(r, f"resumed from {checkpoint} at epoch 2 of 2") for r in ranks]
-        return "\n".join([*lines, *(tee(r, "samples/s: 0") for r in ranks),
+        return "\n".join([*agent_log(ranks[0] // 2, started), *lines, *(tee(r, "samples/s: 0") for r in ranks),
                           *(tee(r, "parameter checksum: 1.0000000000") for r in ranks)])
-    return [node((0, 1)), node((2, 3))]
+    return [node((0, 1), "10:00:02"), node((2, 3), "10:00:00")]
+
+
+def fake_nodes():
+    """Two stand-in nodes whose socket.getfqdn() is their host name."""
+    hosts = ["node0", "node1"]
+    return SimpleNamespace(hosts=hosts, close=lambda: None,
+                           run=lambda k, command: SimpleNamespace(stdout=hosts[k] + "\n"))
 
 
 def test_running_the_cell_again_trains_from_the_start(tmp_path):
     (tmp_path / "nodes.pt").write_bytes(b"the first run's finished checkpoint")
     seen = []
 
-    def run_on_nodes(nodes, commands, timeout):
+    def run_on_nodes(nodes, commands, timeout, **how):
         seen.append((tmp_path / "nodes.pt").exists())
         return outputs(True, tmp_path / "nodes.pt")
 
@@ -59,18 +75,32 @@ def test_running_the_cell_again_trains_from_the_start(tmp_path):
 def test_the_check_fails_when_nothing_was_trained(tmp_path, trained):
     reference = training.reference_train(SIZE, BATCH, world_size=4, epochs=2, seed=0)
     torch.save({"epoch": 2, "model": reference["model"]}, tmp_path / "nodes.pt")  # the first run's
-    nodes = SimpleNamespace(hosts=["node0", "node1"], close=lambda: None)
+    nodes = fake_nodes()
     names = {"WORK": tmp_path, "nodes": nodes, "outputs": outputs(trained, tmp_path / "nodes.pt"), "torch": torch,
              "training": training, "SIZE": SIZE, "BATCH": BATCH, "TOL": 1e-5,
              "sent": {0: 70_000, 1: 70_000}}  # what the rendezvous alone sends (seen: 0.07 MB)
     if trained:
-        exec(node_cell("placed = [training.ranks_by_local_rank(out) for out in outputs]"), names)
+        exec(node_cell("import sys   # this kernel's Python, on each node: what torch asks for"), names)
     else:
         with pytest.raises(AssertionError):
-            exec(node_cell("placed = [training.ranks_by_local_rank(out) for out in outputs]"), names)
+            exec(node_cell("import sys   # this kernel's Python, on each node: what torch asks for"), names)
 
 
 def test_epochs_in_reads_what_each_rank_trained():
     log = "\n".join(outputs(True, Path("x.pt")))
     assert training.epochs_in(log) == {r: [0, 1] for r in range(4)}
     assert training.epochs_in("\n".join(outputs(False, Path("x.pt")))) == {}
+
+
+def test_the_check_fails_when_the_ranks_followed_the_join_order(tmp_path):
+    """Issue #47 item 4: node1 joined first; had its node got rank 0 (join order), the cell must fail."""
+    reference = training.reference_train(SIZE, BATCH, world_size=4, epochs=2, seed=0)
+    torch.save({"epoch": 2, "model": reference["model"]}, tmp_path / "nodes.pt")
+    joined = outputs(True, tmp_path / "nodes.pt")
+    joined = [joined[0].replace("group_rank=0", "group_rank=1"), joined[1].replace("group_rank=1", "group_rank=0")]
+    names = {"WORK": tmp_path, "nodes": fake_nodes(), "outputs": joined, "torch": torch, "training": training,
+             "SIZE": SIZE, "BATCH": BATCH, "TOL": 1e-5, "sent": {0: 70_000, 1: 70_000}}
+    with pytest.raises(AssertionError):
+        exec(node_cell("import sys   # this kernel's Python, on each node: what torch asks for"), names)
+    names["outputs"] = outputs(True, tmp_path / "nodes.pt")
+    exec(node_cell("import sys   # this kernel's Python, on each node: what torch asks for"), names)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from book_copy import ROOT, _i18n, toc_files
+from book_copy import ROOT, _i18n, chapter_files, toc_files
 
 i18n = _i18n()
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -58,7 +58,8 @@ def test_every_english_string_is_translated(tmp_path):
     templates = i18n.extract_templates(ROOT, tmp_path)
     pages = sorted(n.split("/")[-1] for n in toc_files())
     assert sorted(p.stem for p in (templates / "book").glob("*.pot")) == pages
-    assert sorted(p.stem for p in (templates / i18n.FIGURES).glob("*.pot")) == pages
+    notebooks = sorted(n.split("/")[-1] for n in chapter_files())
+    assert sorted(p.stem for p in (templates / i18n.FIGURES).glob("*.pot")) == notebooks
     found = i18n.problems(templates, ROOT / "locales")
     assert not found, f"{len(found)} catalog entries need a translation:\n" + "\n".join(found[:40])
 
@@ -120,7 +121,8 @@ def test_every_catalog_passes_msgfmt_check():
     import subprocess
 
     catalogs = sorted((ROOT / "locales").rglob("*.po"))
-    assert len(catalogs) == 2 * len(toc_files())  # the text and the figures of every chapter
+    # the text of every page, and the figures of every notebook
+    assert len(catalogs) == len(toc_files()) + len(chapter_files())
     for po in catalogs:
         done = subprocess.run(["msgfmt", "--check", "-o", "/dev/null", str(po)], capture_output=True, text=True)
         assert done.returncode == 0 and not done.stderr, f"{po.relative_to(ROOT)}: {done.stderr}"
@@ -208,3 +210,16 @@ def test_no_english_raw_html_text_is_left_in_the_chinese_notebooks(tmp_path):
     assert not left, left
     solutions = sum(p.read_text().count("<summary>参考答案</summary>") for p in (tmp_path / "book").glob("*.ipynb"))
     assert solutions >= 40
+
+
+def test_a_page_that_stays_english_keeps_only_its_head_in_the_template(tmp_path):
+    pot = tmp_path / "ref.pot"
+    pot.write_text('msgid ""\nmsgstr ""\n\nmsgid "Reference"\nmsgstr ""\n\n'
+                   'msgid "Generated; it stays in English."\nmsgstr ""\n\nmsgid "spawn(fn)"\nmsgstr ""\n')
+    i18n.keep_head(pot, "stays in English")
+    from babel.messages.pofile import read_po
+
+    with open(pot, "rb") as f:
+        assert [m.id for m in read_po(f) if m.id] == ["Reference", "Generated; it stays in English."]
+    with pytest.raises(ValueError, match="no entry says"):
+        i18n.keep_head(pot, "a sentence the page lost")

@@ -16,7 +16,9 @@ screenshots of every step under the test's temp folder (the path is printed; ``p
   (within a second), reopens with a new kernel without a widget error, and once the run is over
   and saved again holds only the record;
 * a rank's own progress bar (``\\r`` on stderr) is one line per rank that moves, never a stderr box;
-* a chapter opens unmodified (JupyterLab rewrites metadata a chapter lacks, and marks it modified).
+* a chapter opens unmodified (JupyterLab rewrites metadata a chapter lacks, and marks it modified);
+* a knob (distlab.teach.knobs) moved re-runs its measurement on live ranks and redraws in place, and
+  moves during a run supersede it: never two runs at once, the middle value never runs.
 """
 from __future__ import annotations
 
@@ -585,3 +587,65 @@ def _rank_log(lab, function: str, rank: int) -> str:
 def _last_step(text: str, rank: int = 0) -> int:
     """The last ``rank N slow step K`` line's K in ``text`` (-1 when there is none)."""
     return max((int(k) for k in re.findall(rf"rank {rank} slow step (\d+)\n", text + "\n")), default=-1)
+
+
+KNOB_CELLS = [
+    "import time\n\nimport torch.distributed as dist\nfrom IPython.display import HTML\n\nimport distlab\n"
+    "from distlab.teach.knobs import knobs",
+    "def world_of(pause):\n"
+    "    time.sleep(pause)  # a run long enough for the test to move the slider again during it\n"
+    "    return dist.get_world_size()\n\n\n"
+    "started, going, most = [], [0], [0]  # kept by the measurement itself, not by the knobs\n\n\n"
+    "def world_lab(world=2):\n"
+    "    started.append(world)\n"
+    "    going[0] += 1\n"
+    "    most[0] = max(most[0], going[0])\n"
+    "    try:\n"
+    "        with distlab.Ranks(world) as lab_ranks:\n"
+    "            got = lab_ranks.run(world_of, 0.0 if world < 4 else 1.5)\n"
+    "    finally:\n"
+    "        going[0] -= 1\n"
+    "    return HTML(f'<p>lab says world={world}: {sorted(got.values())}</p>')\n\n\n"
+    "lab = knobs(world_lab, world=(2, 6))",
+    "print(f'started {started} at most {most[0]} at once; shown {lab.shown}')",
+]
+
+
+def test_a_knob_reruns_on_live_ranks_once_let_go_and_a_quick_second_move_supersedes(lab, browser, shots):
+    """A slider of distlab.teach.knobs: moved, the picture is redrawn in place from a run on fresh
+    warm ranks; moved twice more while a run is going, that run's picture is dropped and one run,
+    of the newest value, follows: the middle value never runs, never two runs at once. Then the
+    kernel restarts and the cell runs again."""
+    write_notebook(lab["root"] / "knobs.ipynb", KNOB_CELLS)
+    nb = Notebook(browser, lab, "knobs.ipynb", shots)
+    try:
+        nb.run_cell(0)
+        nb.wait(lambda: nb.finished(0), "the imports")
+        nb.run_cell(1)
+        nb.wait(lambda: "lab says world=2: [2, 2]" in nb.outputs(1), "the default picture")
+        handle = nb.cell(1).locator(".widget-slider .noUi-handle").first
+        handle.focus()
+        nb.page.keyboard.press("ArrowRight")  # world 3
+        nb.wait(lambda: "lab says world=3: [3, 3, 3]" in nb.outputs(1), "the picture of world=3")
+        assert "world=2" not in nb.outputs(1)  # redrawn in place, not added below
+        nb.shot("knobs-world-3")
+        handle.focus()
+        nb.page.keyboard.press("ArrowRight")  # world 4: a run of 1.5 s
+        nb.wait(lambda: "measuring world=4" in nb.outputs(1), "the run of world=4 to start")
+        nb.page.keyboard.press("ArrowRight")  # world 5 and 6, while world=4 is going
+        nb.page.keyboard.press("ArrowRight")
+        nb.wait(lambda: "lab says world=6: [6, 6, 6, 6, 6, 6]" in nb.outputs(1), "the picture of world=6")
+        nb.shot("knobs-world-6")
+        assert "world=4" not in nb.outputs(1)  # the superseded run's picture was never drawn
+        nb.run_cell(2)
+        nb.wait(lambda: "started " in nb.outputs(2), "what the measurement saw")
+        # 5 never ran (superseded by 6 before it started), and never two runs at once
+        assert nb.outputs(2).strip() == "started [2, 3, 4, 6] at most 1 at once; shown {'world': 6}", nb.outputs(2)
+        nb.menu("Kernel", "Restart Kernel and Run All Cells")
+        nb.page.locator(".jp-Dialog button.jp-mod-accept").click()
+        nb.wait(lambda: "started [2] at most 1" in nb.outputs(2), "the lab again after a restart")
+        assert "lab says world=2: [2, 2]" in nb.outputs(1)
+        nb.menu("Kernel", "Shut Down Kernel")
+        assert not nb.errors, nb.errors
+    finally:
+        nb.close()

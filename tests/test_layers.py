@@ -121,9 +121,10 @@ NOT_NAMES = {  # strings that look like module names on purpose
 
 
 def named_in_text() -> dict[str, set[str]]:
-    """Every ``distlab.x.y`` and ``distlab/x/y.py`` in the code, tests, benches, chapters and README."""
+    """Every ``distlab.x.y`` and ``distlab/x/y.py`` in the code, tests, benches, book and README."""
     files = [*(SRC / "distlab").rglob("*.py"), *(REPO / "tests").glob("*.py"), *(REPO / "bench").glob("*.py"),
-             *(REPO / "book").glob("*.ipynb"), REPO / "README.md", REPO / "pyproject.toml"]
+             *(REPO / "book").glob("*.ipynb"), *(REPO / "book").glob("*.md"), REPO / "README.md",
+             REPO / "pyproject.toml"]
     found: dict[str, set[str]] = {}
     for f in [f for f in files if f.name != Path(__file__).name]:  # this file names stale ones on purpose
         text = f.read_text()

@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
-from book_copy import ROOT, toc_files
+from book_copy import ROOT, chapter_files
 from nbrun import CHAPTER_BUDGET_S
 
-CHAPTERS = toc_files()
+CHAPTERS = chapter_files()
 #: chapters allowed more than CHAPTER_BUDGET_S: chapter 13 submits ten real Slurm jobs, a requeue among them
 #: (issue #26 sets its budget to 180 s); chapter 14 launches on network namespaces six times, two of them
 #: cold (issue #36: 150 s)

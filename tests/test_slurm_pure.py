@@ -48,6 +48,26 @@ def test_torchrun_script_says_what_it_does():
     assert lines[-1] == "    -m distlab.slurm.rank /w/ddp_train.py --epochs 1"
 
 
+def test_torchrun_script_says_how_c10d_numbers_the_nodes():
+    """Issue #47 item 4: the comment says what torch 2.13's c10d rendezvous does. It sorts its participants,
+    ``_NodeDesc(addr, pid, local_id)`` (addr: the host's FQDN or ``--local-addr``), and gives rank i to the i-th:
+    not the join order, and ``--node-rank`` is ignored (torchrun warns when it is not 0)."""
+    import dataclasses
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    text = spec.render(_spec(nodes=2), Path("/j.sbatch"), Path("/l"))
+    comments = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("# "))
+    assert "as they join" not in comments
+    assert "c10d ignores it and numbers the agents by sorting (host FQDN, pid), not in join order" in comments
+    # what the comment says, in torch's own code
+    assert [f.name for f in dataclasses.fields(dr._NodeDesc)] == ["addr", "pid", "local_id"]
+    assert dr._NodeDesc.__dataclass_params__.order
+    assert "enumerate(sorted(state.participants))" in inspect.getsource(dr._DistributedRendezvousOpExecutor)
+    assert sorted([dr._NodeDesc("node2", 1, 0), dr._NodeDesc("node10", 2, 0)])[0].addr == "node10"  # lexicographic
+
+
 @pytest.mark.parametrize("mode", ["torchrun", "tasks"])
 def test_one_node_scripts_open_no_rendezvous_port(mode):
     """One node, either mode: no torchrun (its c10d store listens on every interface and unpickles what

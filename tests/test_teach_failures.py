@@ -327,3 +327,27 @@ def test_a_process_left_behind_is_reported_after_the_grace_and_one_that_ends_is_
         left.kill()
         left.wait()
     assert lab.no_workers_left()
+
+
+def test_chapter_9s_nccl_section_names_what_torch_2_13_reads():
+    """Issue #47 (missing topic 1): what chapter 9 says of NCCL cannot run here (no GPU), so its names and
+    defaults are checked against the torch this book pins: the headers shipped with the wheel and torchrun's code."""
+    import inspect
+
+    import torch
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+
+    c10d = Path(torch.__file__).parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
+    nccl = (c10d / "ProcessGroupNCCL.hpp").read_text()
+    recorder = (c10d / "FlightRecorder.hpp").read_text()
+    for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        assert f'"{name}"' in nccl, name
+    assert "kProcessGroupNCCLDefaultTimeout =\n    std::chrono::milliseconds(10 * 60 * 1000)" in nccl   # 10 minutes
+    assert "NoHandling = 0,\n  TearDown = 1,\n  CleanUpOnly = 2,\n  SkipCleanUp = 3" in nccl
+    assert "the default value (3 - SkipCleanUp)" in nccl
+    assert '{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)' in recorder   # on, 2000 entries
+    lib = next((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.so*")).read_bytes()
+    assert b"TORCH_FR_DUMP_TEMP_FILE\x00" in lib and b"TORCH_NCCL_DEBUG_INFO_TEMP_FILE\x00" in lib
+    # torchrun's workers get 1 (abort and end the process) unless the variable is set
+    agent = " ".join(inspect.getsource(local_elastic_agent).split())
+    assert '"TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv( "TORCH_NCCL_ASYNC_ERROR_HANDLING", str(1) )' in agent

@@ -1,5 +1,7 @@
 """Chapter 13's exercise self-checks and its plot (no cluster needed; check_master_addr runs bash and
 `scontrol show hostnames`, which needs only Slurm's client)."""
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -73,3 +75,30 @@ def test_attempts_plot_has_one_series_per_attempt_and_the_requeue():
     assert [line.get_label() for line in ax.lines] == ["attempt 0", "attempt 1", "scontrol requeue"]
     assert list(ax.lines[1].get_xdata()) == [26, 27, 28, 29, 30] and list(ax.lines[1].get_ydata()) == [6, 7, 8, 9, 10]
     assert list(ax.lines[2].get_xdata()) == [6, 6]
+
+
+def _chapter_file(name: str) -> str:
+    """The text chapter 13's ``%%writefile NAME`` cell writes (after its ``%%needs`` line)."""
+    import json
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "book" / "13_slurm_cluster.ipynb").read_text())["cells"]
+    found = ["".join(c["source"]).split(f"%%writefile {name}\n", 1)[1] for c in cells
+             if c["cell_type"] == "code" and f"%%writefile {name}\n" in "".join(c["source"])]
+    assert len(found) == 1, name
+    return found[0]
+
+
+def test_the_templates_cpu_form_changes_only_what_a_cpu_cluster_must():
+    gpu = _chapter_file("ddp_gpu.sbatch")
+    cpu = checks.cpu_form(gpu, ["export PATH=/job-python/bin:\"$PATH\""], ranks_per_node=1, step_time=0.2)
+    changed = [line for line in cpu.splitlines() if line not in gpu.splitlines()]
+    assert len(changed) == 7, changed        # every replacement found its line in the chapter's template
+    assert "--nproc-per-node 1 " in cpu and "export OMP_NUM_THREADS=1 " in cpu and "#SBATCH --cpus-per-task=1" in cpu
+    assert "srun --kill-on-bad-exit=1 python -m torch.distributed.run" in cpu and "source " not in cpu
+    assert "ddp_resumable.py --epochs 2 --size 512 --log-every 1 --step-time 0.2 --checkpoint" in cpu
+    assert not [line for line in cpu.splitlines() if line.startswith("#SBATCH --gpus")]
+    for lesson in ("#SBATCH --open-mode=append", "port=$((20000 + SLURM_JOB_ID % 12000))", "trap '", "--requeue",
+                   "--signal=B:USR1@300", '--rdzv-endpoint "$head_addr:$port"'):
+        assert lesson in gpu and lesson in cpu, lesson
+    assert "SLURM_GPUS_ON_NODE" not in gpu    # expanded once, on the first node: torchrun's own `gpu` instead
+

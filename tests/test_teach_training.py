@@ -288,14 +288,57 @@ def test_step_time_quantiles_and_samples_per_s():
 
 # --- multi-node -------------------------------------------------------------------------------
 
-def test_torchrun_commands_differ_only_in_node_rank():
+def test_torchrun_commands_are_one_line_for_every_machine_without_node_rank():
+    """Issue #47: c10d ignores --node-rank (torch reads it only for the static rendezvous), so the
+    commands do not teach it: every machine types the same line."""
     cmds = T.torchrun_commands(3, 4, "head:29400", script_args=["--epochs", 5])
-    assert len(cmds) == 3
-    for k, cmd in enumerate(cmds):
-        assert cmd == cmds[0].replace("--node-rank 0", f"--node-rank {k}")
-    assert cmds[0].startswith("torchrun --nnodes 3 --node-rank 0 --nproc-per-node 4 --rdzv-backend c10d "
+    assert len(cmds) == 3 and len(set(cmds)) == 1 and "--node-rank" not in cmds[0]
+    assert cmds[0].startswith("torchrun --nnodes 3 --nproc-per-node 4 --rdzv-backend c10d "
                               "--rdzv-endpoint head:29400")
     assert cmds[0].endswith("ddp_train.py --epochs 5")
+
+
+def test_c10d_order_is_torchs():
+    """C10D_ORDER says what torch 2.13's dynamic rendezvous sorts its participants by."""
+    import dataclasses
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    assert tuple(f.name for f in dataclasses.fields(dr._NodeDesc)) == T.C10D_ORDER
+    assert "enumerate(sorted(state.participants))" in inspect.getsource(dr._DistributedRendezvousOpExecutor)
+    import torch.distributed.run as run  # chapter 7: torchrun warns that c10d ignores a --node-rank that is not 0
+
+    assert "node_rank is only used for static rdzv_backend. It will be ignored" in inspect.getsource(run)
+
+
+def test_agent_rendezvous_reads_torchruns_info_log():
+    out = "\n".join([
+        "I1205 02:42:51.225000 9111 torch/distributed/run.py:747] Using nproc_per_node=1.",
+        "I1205 02:42:51.234000 9111 torch/distributed/elastic/agent/server/api.py:707] [default] "
+        "Rendezvous'ing worker group",
+        "[default0]:Rank 2, Epoch 0",
+        "I1205 02:42:53.345000 9111 torch/distributed/elastic/agent/server/api.py:553]   group_rank=1",
+        "I1205 02:42:53.345000 9111 torch/distributed/elastic/agent/server/api.py:553]   group_world_size=2"])
+    found = T.agent_rendezvous(out)
+    assert found["group_rank"] == 1
+    assert (found["rendezvous"] - found["started"]).total_seconds() == pytest.approx(0.009)
+    assert T.agent_rendezvous("no log") == {}
+
+
+def test_info_log_lines_are_folded_and_warnings_kept(capsys):
+    folded = T.FoldedFrames(["node0", "node1"])
+    for line in ["I1205 02:42:51.225000 9111 torch/x.py:1] a", "I1205 02:42:51.226000 9111 torch/x.py:2] b",
+                 "W1205 02:42:52.000000 9111 torch/x.py:3] careful", "frame #0: c10::Error",
+                 "I1205 02:42:53.000000 9111 torch/x.py:4] c", "[default0]:Rank 0, done"]:
+        folded.show(0, line)
+    folded.flush(0)
+    assert capsys.readouterr().out.splitlines() == [
+        "[node0] (2 lines of torch's INFO log, in the returned output)",
+        "[node0] W1205 02:42:52.000000 9111 torch/x.py:3] careful",
+        "[node0] (1 lines of C++ stack trace, in the returned output)",
+        "[node0] (1 lines of torch's INFO log, in the returned output)",
+        "[node0] [default0]:Rank 0, done"]
 
 
 def test_slurm_script_is_valid_bash():
@@ -313,7 +356,7 @@ def test_checks_accept_right_answers_and_wait_for_none(capsys):
     assert T.check_global_batch(None) is False
     assert T.check_global_batch(64) is True
     assert T.check_steps_per_epoch(157) is True
-    assert T.check_node_command("torchrun --nnodes 2 --node-rank 1 --nproc-per-node 4 --rdzv-backend c10d "
+    assert T.check_node_command("torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d "
                                 "--rdzv-endpoint gpu-node-0:29400 ddp_train.py") is True
     assert T.check_node_command("torchrun --nproc_per_node=4 --nnodes=2 --rdzv-endpoint=gpu-node-0:29400 "
                                 "--rdzv-backend=c10d ddp_train.py --epochs 3") is True
@@ -323,10 +366,10 @@ def test_checks_accept_right_answers_and_wait_for_none(capsys):
 @pytest.mark.parametrize("check,answer,hint", [
     (T.check_global_batch, 32, "DDP averages"),
     (T.check_steps_per_epoch, 313, "ceil(10000/2)"),
-    (T.check_node_command, "torchrun --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-backend c10d "
+    (T.check_node_command, "torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
                            "--rdzv-endpoint gpu-node-0:29400 ddp_train.py", "--nproc-per-node"),
-    (T.check_node_command, "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-backend c10d "
-                           "--rdzv-endpoint gpu-node-0:29400 ddp_train.py", "node 1"),
+    (T.check_node_command, "torchrun --nnodes 2 --node-rank 1 --nproc-per-node 4 --rdzv-backend c10d "
+                           "--rdzv-endpoint gpu-node-0:29400 ddp_train.py", "torch ignores it"),
 ])
 def test_checks_reject_wrong_answers_with_a_hint(check, answer, hint):
     with pytest.raises(AssertionError, match=hint.replace("(", r"\(").replace(")", r"\)")):
@@ -390,3 +433,15 @@ def test_commands_on_nodes_print_their_lines_as_they_come_whatever_the_kernels_e
     run = T.OnNodes(nodes, ["echo one", "echo two"], echo=False)
     assert run.wait(timeout=30) == ["one", "two"]
     assert [env["PYTHONUNBUFFERED"] for env in nodes.envs] == ["1", "1"]
+
+
+def test_commands_on_nodes_can_start_one_node_first_and_the_others_once_it_is_ready():
+    """Chapter 7 starts node1's agent alone and node0's only once node1's is in the rendezvous."""
+    nodes = _LocalNodes()
+    run = T.OnNodes(nodes, ["echo zero", "sleep 1; echo ready; sleep 1; echo done"], echo=False, first=1,
+                    ready="^ready$")
+    assert run.wait(timeout=30) == ["zero", "ready\ndone"]
+    at = {(k, line): t for t, k, line in run.lines}
+    assert at[(1, "ready")] < at[(0, "zero")]   # node0's command started after node1's line
+    with pytest.raises(RuntimeError, match="no line matching 'never'"):
+        T.OnNodes(nodes, ["echo zero", "echo one"], echo=False, first=1, ready="never")

@@ -20,8 +20,8 @@ SIZE, BATCH, EPOCHS = 256, 32, 2
 WAIT_S = 90
 
 
-def start_node(node_rank: int, port: int, script: Path, ckpt: Path, workdir: Path) -> subprocess.Popen:
-    argv = T.torchrun_command(node_rank, nnodes=2, nproc_per_node=1, endpoint=f"127.0.0.1:{port}",
+def start_node(port: int, script: Path, ckpt: Path, workdir: Path) -> subprocess.Popen:
+    argv = T.torchrun_command(nnodes=2, nproc_per_node=1, endpoint=f"127.0.0.1:{port}",
                               script=str(script), rdzv_id="two-node-test",
                               script_args=["--epochs", EPOCHS, "--size", SIZE, "--batch-size", BATCH,
                                            "--log-every", 2, "--checkpoint", ckpt])
@@ -45,7 +45,7 @@ def test_two_torchrun_agents_train_to_the_reference(tmp_path):
     script = T.write_ddp_train(tmp_path)
     ckpt = tmp_path / "ckpt.pt"
     port = T.free_port()
-    nodes = [start_node(k, port, script, ckpt, tmp_path) for k in range(2)]
+    nodes = [start_node(port, script, ckpt, tmp_path) for _ in range(2)]
     try:
         outputs = [p.communicate(timeout=WAIT_S)[0] for p in nodes]
     finally:

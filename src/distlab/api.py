@@ -27,15 +27,30 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
           view="auto", max_restarts: int = 0, start: str = "auto", nodes=None) -> RunResult:
     """Drop-in for ``torch.multiprocessing.spawn``: runs ``fn(rank, *args)`` on ``nprocs`` ranks.
 
-    ``fn`` may be defined in a notebook. Returns a :class:`RunResult` (``returns``, ``logs``,
-    ``metrics``, ``script``); with ``join=False`` returns a :class:`PendingRun` at once.
-    ``start``: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
-    CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it works
-    (see :mod:`distlab.forkserver.mode`).
-    ``nodes``: a :class:`distlab.Nodes`; ``nprocs`` ranks on each node (``nodes.n * nprocs`` in
-    all; rank ``r`` on node ``r // nprocs``, as torch's c10d rendezvous numbers the nodes by host
-    name), one torchelastic agent per node inside its network, meeting in a c10d rendezvous at
-    node 0, as ``torchrun --nnodes`` on each machine would.
+    An article's ``mp.spawn(demo, args=(2,), nprocs=2)`` runs after changing one name. ``fn``,
+    and the notebook classes, helpers, imports and constants it uses, are written into a readable
+    worker script in a private run folder (``res.script``); each rank's lines stream into the cell
+    as ``[rank1] ...``. Bad arguments raise :class:`LaunchArgumentError` before any process starts.
+
+    :param fn: a function defined in the notebook or importable; called as ``fn(rank, *args)``.
+    :param args: the other arguments, sent to every rank (tensors travel as a data file).
+    :param nprocs: ranks on this machine (on each node with ``nodes``).
+    :param join: ``False`` returns a :class:`PendingRun` at once (``join()``, ``cancel()``).
+    :param timeout: seconds; past it every rank's Python stack is shown in a
+        :class:`WorkerTimeoutError` and the ranks are stopped.
+    :param view: ``"auto"`` (one live output redrawn in place in JupyterLab, ``[rank1] line``
+        elsewhere), ``"text"``, ``"live"`` or ``None`` (nothing shown).
+    :param max_restarts: restarts of the whole group after a failure, as torchrun's.
+    :param start: ``"forkserver"`` forks the ranks from distlab's torch-preloaded server (fast,
+        CUDA-safe), ``"spawn"`` starts fresh interpreters; ``"auto"`` is the forkserver where it
+        works (see :mod:`distlab.forkserver.mode`).
+    :param nodes: a :class:`distlab.Nodes`; ``nprocs`` ranks on each node (``nodes.n * nprocs``
+        in all; rank ``r`` on node ``r // nprocs``, as torch's c10d rendezvous numbers the nodes by
+        host name), one torchelastic agent per node inside its network, meeting in a c10d
+        rendezvous at node 0, as ``torchrun --nnodes`` on each machine would.
+    :returns: a :class:`RunResult`: ``returns[rank]``, ``logs[rank]``, ``metrics[rank]``, ``script``.
+    :raises WorkerFailedError: a rank raised or died; it names the first failing rank with its
+        traceback, after the other ranks were stopped.
     """
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, nprocs, "spawn", "auto", join, timeout, view, max_restarts, start, nodes)
@@ -44,9 +59,20 @@ def spawn(fn, args: tuple = (), nprocs: int = 1, join: bool = True, *, timeout: 
 def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join: bool = True,
            timeout: float | None = None, view="auto", max_restarts: int = 0, start: str = "auto",
            nodes=None) -> RunResult:
-    """torchrun style: on each rank the process group is initialised, ``fn(*args)`` runs, the group
-    is destroyed. Inside, use ``dist.get_rank()`` and ``distlab.device()``. ``start`` as in :func:`spawn`;
-    ``nodes``: ``world_size`` ranks on each node, as in :func:`spawn`."""
+    """torchrun style: each rank gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``, its process group is initialised, ``fn(*args)`` runs, and the group is destroyed.
+
+    Inside ``fn`` use ``dist.get_rank()`` and ``distlab.device()``; no ``setup()`` is needed.
+
+    :param fn: called as ``fn(*args)`` on every rank (not ``fn(rank, ...)`` as :func:`spawn`).
+    :param world_size: ranks on this machine (on each node with ``nodes``).
+    :param backend: ``"auto"`` (NCCL with one GPU per rank, else gloo: :func:`backend`), ``"gloo"``
+        or ``"nccl"``.
+    :param nodes: a :class:`distlab.Nodes`: ``world_size`` ranks on each node, as in :func:`spawn`.
+    :returns: a :class:`RunResult` (or a :class:`PendingRun` with ``join=False``).
+
+    ``join``, ``timeout``, ``view``, ``max_restarts`` and ``start`` are those of :func:`spawn`.
+    """
     __tracebackhide__ = True  # liveview: IPython shows the learner's cell, not distlab's frames
     return _start(fn, args, world_size, "launch", backend, join, timeout, view, max_restarts, start, nodes)
 

@@ -27,7 +27,10 @@ INTERRUPTED = "distlab: interrupted; all {n} worker processes were stopped. Run 
 
 
 class DistlabError(Exception):
-    """Base class for every error distlab raises on purpose."""
+    """Base class for every error distlab raises on purpose: ``except distlab.DistlabError`` catches them.
+
+    Each kind is also the builtin exception it resembles (``ValueError``, ``TimeoutError``, ...), so code
+    written for ``torch.multiprocessing.spawn`` keeps catching what it caught."""
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a traceback through distlab's own frames: the message,
@@ -36,7 +39,8 @@ class DistlabError(Exception):
 
 
 class LaunchArgumentError(DistlabError, ValueError):
-    """An argument is wrong; raised before any process starts."""
+    """An argument is wrong (a ``ValueError``); raised before any process starts, and it names the
+    argument, what is wrong with it and what to pass instead."""
 
     def __init__(self, name: str, value, problem: str, hint: str = ""):
         self.name = name
@@ -44,7 +48,8 @@ class LaunchArgumentError(DistlabError, ValueError):
 
 
 class CaptureError(DistlabError, TypeError):
-    """Notebook code or data that cannot be written as a worker script or data file."""
+    """Notebook code or data that cannot be written as a worker script or data file (a ``TypeError``):
+    it names what could not be captured and says what to do (define it in a cell, import it, ...)."""
 
     def __init__(self, what: str, problem: str, hint: str):
         self.what = what
@@ -52,7 +57,11 @@ class CaptureError(DistlabError, TypeError):
 
 
 class WorkerFailedError(DistlabError, RuntimeError):
-    """A rank raised or died; carries the first failing rank and its remote traceback."""
+    """A rank raised or died; the other ranks were stopped first.
+
+    ``rank``: the first rank that failed; ``exitcode``; ``remote_traceback``: its Python traceback, each
+    frame from notebook code naming its cell; ``node``: its node on :class:`distlab.Nodes`, else None;
+    ``result``: the :class:`RunResult` so far (every rank's logs)."""
 
     def __init__(self, rank: int, exitcode: int, traceback: str, last_lines: str, run_dir, result=None,
                  node: int | None = None, local_rank: int | None = None):
@@ -68,7 +77,10 @@ class WorkerFailedError(DistlabError, RuntimeError):
 
 
 class WorkerTimeoutError(DistlabError, TimeoutError):
-    """The run exceeded its timeout; carries each rank's stack at that moment."""
+    """The run passed its ``timeout=`` (a ``TimeoutError``); the ranks were stopped.
+
+    ``stacks[rank]``: where each rank's Python was at that moment; ``timeout``: the limit in seconds;
+    ``result``: the :class:`RunResult` so far."""
 
     def __init__(self, timeout: float, stacks: dict[int, str], run_dir, result=None):
         self.timeout, self.stacks, self.result = timeout, stacks, result

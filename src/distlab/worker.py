@@ -462,6 +462,10 @@ class _StoreFolder:
 def report(**metrics) -> None:
     """Send numbers (loss, step, ...) from a worker to the notebook as data; a no-op elsewhere.
 
+    ``distlab.report(step=i, total=n, loss=loss.item())`` in a rank adds a row to that rank's
+    ``res.metrics[rank]`` (``res.series("loss")`` gathers one metric); ``step`` and ``total`` also
+    drive the rank's progress bar in the live view.
+
     Works in processes a distlab rank starts itself (``mp.spawn`` in a script run with
     ``run_script(mode="python")``): they find the run folder in DISTLAB_RUN_DIR.
     """

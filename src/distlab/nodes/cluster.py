@@ -28,8 +28,22 @@ def open_nodes() -> list[Nodes]:
 
 
 class Nodes:
-    """``n`` nodes named ``node0``...; each resolves the others' names and reaches them over its
-    own link, limited to ``link`` ("1gbit", "100mbit", ...; None: as fast as the machine goes)."""
+    """Several machines on this one: ``n`` nodes named ``node0``, ``node1``, ..., each with its own
+    host name, address and ``/etc/hosts``; each resolves the others' names and reaches them over its
+    own link, limited to ``link`` (``"1gbit"``, ``"100mbit"``, ...; ``None``: as fast as the machine goes).
+
+    Each node is a network namespace on a private network that the host and other users cannot reach.
+    Pass the nodes to :func:`distlab.spawn`, :func:`distlab.launch` or :class:`distlab.Ranks`
+    (``nodes=``) to run ranks on them, or to ``slurm.local_cluster(nodes=...)``. ``close()`` (or the
+    end of a ``with`` block, the kernel's exit or its SIGKILL) leaves nothing behind. Where the
+    platform refuses namespaces (an unprivileged container), it raises :class:`NodesError` saying
+    which setting refuses them; it never falls back to loopback. Example::
+
+        with distlab.Nodes(2, link="1gbit") as nodes:
+            res = distlab.spawn(fn, nprocs=1, nodes=nodes)
+            nodes.run(1, "hostname; getent hosts node0")
+            nodes.link(1, "100mbit")
+    """
 
     def __init__(self, n: int = 2, link: str | None = None):
         self.n = plan.count(n)

@@ -236,8 +236,8 @@ def render(spec: JobSpec, script_path: Path, log: Path) -> str:
     elif spec.mode == "torchrun":
         lines += ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}   # what torchrun sets anyway (without a warning)",
                   "# torchrun, its c10d store bound to the first node's address only (not every interface).",
-                  "# No --node-rank: c10d numbers the agents as they join (\"$SLURM_NODEID\" on this line would be",
-                  "# expanded once, here on the first node, and give every node 0).",
+                  "# No --node-rank: c10d ignores it and numbers the agents by sorting (host FQDN, pid), not in",
+                  "# join order (\"$SLURM_NODEID\" here would also be expanded once, on this node: 0 for every node).",
                   "# --kill-on-bad-exit: an agent that fails ends the others now, not at a collective's timeout.",
                   f"srun --kill-on-bad-exit=1 {_python(spec)} -m distlab.slurm.bound torchrun \\",
                   f"    --nnodes \"$SLURM_NNODES\" --nproc-per-node {spec.ranks_per_node} \\",

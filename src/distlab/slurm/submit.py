@@ -42,10 +42,25 @@ def submit(target, args=(), *, nodes: int = 1, ranks_per_node: int = 1, mode: st
     """Submit ``target`` (a function, called as ``fn(rank, *args)``; or a script path, run with ``args``
     as its command line) on ``nodes`` x ``ranks_per_node`` ranks; watch it and return its result.
 
-    ``join=False`` returns the :class:`SlurmJob` at once. ``timeout``: seconds of running before the
-    job is cancelled with each rank's stack. ``style="launch"`` calls ``fn(*args)`` with the process
-    group initialised (as :func:`distlab.launch`). ``root``: the runs root (default ``DISTLAB_RUNS`` or
-    distlab's private default); on a real cluster it must be on a file system the nodes share.
+    It writes a readable sbatch script (``job.sbatch``) into a private run folder, submits it, and streams
+    the job's state changes and every rank's lines into the cell. Wrong arguments, no Slurm or no
+    controller fail before ``sbatch``; Kernel > Interrupt cancels the job. ``gpus_per_node``,
+    ``cpus_per_task``, ``time_limit`` and ``partition`` are the job's ``#SBATCH`` request.
+
+    :param mode: ``"torchrun"``: ``srun`` starts one agent per node that starts the node's ranks;
+        ``"tasks"``: one Slurm task per rank (RANK etc. from ``SLURM_PROCID``, ...).
+    :param requeue: allow ``scontrol requeue`` (a job that checkpoints and resumes).
+    :param signal: the warning before the time limit, as ``#SBATCH --signal`` (``"USR1@90"``, ``"B:USR1@90"``).
+    :param extra: more ``#SBATCH`` options, as a list of strings.
+    :param style: ``"spawn"`` calls ``fn(rank, *args)``; ``"launch"`` calls ``fn(*args)`` with the process
+        group initialised (as :func:`distlab.launch`).
+    :param join: ``False`` returns the :class:`SlurmJob` at once (``state``, ``logs``, ``cancel()``, ``join()``).
+    :param timeout: seconds of running before the job is cancelled with each rank's stack.
+    :param root: the runs root (default ``DISTLAB_RUNS`` or distlab's private default); on a real
+        cluster it must be on a file system the nodes share.
+    :returns: a :class:`SlurmResult`: job id, state, exit codes, logs, return values (functions) and
+        ``distlab.report()`` rows; a failed job raises :class:`SlurmJobFailedError` naming the rank that
+        failed first.
     """
     __tracebackhide__ = True
     job_spec, prepare = check_job(target, args, nodes, ranks_per_node, mode, gpus_per_node, cpus_per_task,

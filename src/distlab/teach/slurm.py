@@ -93,23 +93,29 @@ def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
 
 # --- chapter 13: a plain batch script, run here in its CPU form ----------------------------------
 
-def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1) -> str:
+def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1, step_time: float = 0.2) -> str:
     """The GPU batch script of chapter 13 as this CPU cluster runs it. Exactly these lines change: no GPUs
-    asked for (``--gpus-per-node``), a fixed ``--nproc-per-node`` for ``$SLURM_GPUS_ON_NODE`` (unset without
-    GPUs), the cores this machine has, the software environment (``environment``: the job user's Python
-    instead of ``source .../activate``) and ``python -m torch.distributed.run``, which is what the
-    ``torchrun`` command runs (the notebook's ``torchrun`` script is in a virtual environment the job user
-    may not enter). Pure."""
+    asked for (``--gpus-per-node``), a fixed ``--nproc-per-node`` for ``gpu`` (torchrun refuses it without
+    CUDA), the cores this machine has and one OpenMP thread per core (eight threads on one core run many
+    times slower), the software environment (``environment``: the job user's Python instead of
+    ``source .../activate``), ``python -m torch.distributed.run``, which is what the ``torchrun`` command
+    runs (the notebook's ``torchrun`` script is in a virtual environment the job user may not enter), and
+    the training's flags: every batch logged and ``--step-time`` seconds per batch at least, so that a
+    warning finds the training still running (this small model trains an epoch in well under a second).
+    Pure."""
     out = []
     for line in gpu_script.splitlines():
         if line.startswith("#SBATCH --gpus-per-node"):
             out.append("# (no GPUs here: " + line.split("#", 2)[1].strip() + ")")
         elif line.startswith("#SBATCH --cpus-per-task"):
             out.append(f"#SBATCH --cpus-per-task={ranks_per_node}")
+        elif line.startswith("export OMP_NUM_THREADS="):
+            out.append("export OMP_NUM_THREADS=1                          # here: one core per rank")
         elif line.lstrip().startswith("source "):
             out.extend(environment)
         else:
-            line = line.replace('--nproc-per-node "$SLURM_GPUS_ON_NODE"', f"--nproc-per-node {ranks_per_node}")
+            line = line.replace("--nproc-per-node gpu", f"--nproc-per-node {ranks_per_node}")
+            line = line.replace("--log-every 8", f"--log-every 1 --step-time {step_time}")
             out.append(line.replace("srun --kill-on-bad-exit=1 torchrun",
                                     "srun --kill-on-bad-exit=1 python -m torch.distributed.run"))
     return "\n".join(out) + "\n"

@@ -14,6 +14,7 @@ what is not the lesson:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import math
@@ -241,29 +242,39 @@ def try_load(path) -> str:
 # Beyond one machine
 # ---------------------------------------------------------------------------------------------
 
-def torchrun_command(node_rank: int, nnodes, nproc_per_node: int, endpoint: str,
+def torchrun_command(nnodes, nproc_per_node: int, endpoint: str,
                      script: str = "ddp_train.py", script_args=(), rdzv_id: str = "ddp_train",
                      tee: bool = False, max_restarts: int = 0, rdzv_conf: str = "") -> list[str]:
-    """argv for one node. With the c10d rendezvous the agents meet at ``endpoint`` (host:port on the
-    first node, reachable from all), agree on ranks and a store; ``--rdzv-id`` names the job.
+    """argv for one node. With the c10d rendezvous the agents meet at ``endpoint`` (host:port on one
+    node, reachable from all), agree on ranks and a store; ``--rdzv-id`` names the job.
+    No ``--node-rank``: c10d ignores it (torch uses it only with ``--rdzv-backend static``) and numbers
+    the nodes by sorting them (:data:`C10D_ORDER`), so every node runs the same line.
     ``nnodes``: a number, or ``"MIN:MAX"`` (elastic: the job goes on with as few as MIN nodes).
     ``tee``: ``--tee 3``, each rank's lines prefixed with ``[default<local rank>]:``."""
     extra = [*(["--max-restarts", str(max_restarts)] if max_restarts else []),
              *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []), *(["--tee", "3"] if tee else [])]
-    return ["torchrun", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+    return ["torchrun", "--nnodes", str(nnodes),
             "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
             "--rdzv-id", rdzv_id, *extra, script, *[str(a) for a in script_args]]
+
+
+#: How torch 2.13's c10d rendezvous numbers the nodes (``dynamic_rendezvous.py``): once a round is
+#: complete, ``for rank, node in enumerate(sorted(state.participants))``, where each participant is a
+#: ``_NodeDesc(addr, pid, local_id)`` dataclass with ``order=True``: sorted by the host's FQDN
+#: (``socket.getfqdn()``, or ``--local-addr``) as a string, then by the agent's process id. Not the
+#: order in which the agents joined; and ``node10`` sorts before ``node2``.
+C10D_ORDER = ("addr", "pid", "local_id")
 
 
 def torchrun_commands(nnodes, nproc_per_node: int, endpoint: str, script: str = "ddp_train.py",
                       script_args=(), rdzv_id: str = "ddp_train", tee: bool = False, max_restarts: int = 0,
                       rdzv_conf: str = "", machines: int | None = None) -> list[str]:
-    """The shell command to type on each node (index = node rank); only ``--node-rank`` differs.
+    """The shell command to type on each node: the same line on every one (c10d numbers the nodes).
     ``machines``: how many to write (default ``nnodes``, or MAX of ``"MIN:MAX"``)."""
     count = machines or int(str(nnodes).split(":")[-1])
-    return [shlex.join(torchrun_command(k, nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id, tee,
+    return [shlex.join(torchrun_command(nnodes, nproc_per_node, endpoint, script, script_args, rdzv_id, tee,
                                         max_restarts, rdzv_conf))
-            for k in range(count)]
+            for _ in range(count)]
 
 
 #: torchrun's c10d settings for a lesson on a lost machine: a node that misses 3 keep-alives 1 s apart
@@ -283,21 +294,25 @@ RUN_MARK = "DISTLAB_NODE_RUN"
 TERM_S = 3.0
 
 
-def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = True) -> list[str]:
+def run_on_nodes(nodes, commands: list[str], timeout: float = 300, echo: bool = True, env: dict | None = None,
+                 first: int | None = None, ready: str | None = None) -> list[str]:
     """Run ``commands[k]`` on node ``k`` of ``nodes`` (a :class:`distlab.Nodes`), all at once, as one
     terminal per machine would; print each line as it comes, as ``[nodeK] line``; return each
     node's output. Raises ``RuntimeError`` naming the node whose command failed (the others are
-    stopped), or the nodes still running at ``timeout``."""
-    return OnNodes(nodes, commands, echo=echo).wait(timeout)
+    stopped), or the nodes still running at ``timeout``. ``env``, ``first``, ``ready``: see :class:`OnNodes`."""
+    return OnNodes(nodes, commands, env=env, echo=echo, first=first, ready=ready).wait(timeout)
 
 
 class OnNodes:
     """Commands running on nodes, one each, started at once; their lines as they come.
 
     ``lines`` holds ``(seconds since the start, node, line)``; :meth:`lose` kills every process of a
-    node, as when a machine's processes die, and :meth:`wait` then expects that node's command to fail."""
+    node, as when a machine's processes die, and :meth:`wait` then expects that node's command to fail.
+    ``first`` and ``ready``: node ``first``'s command starts alone, the others once it printed a line
+    matching ``ready`` (a regular expression), as when one machine's agent is up long before the others'."""
 
-    def __init__(self, nodes, commands: list[str], env: dict | None = None, echo: bool = True):
+    def __init__(self, nodes, commands: list[str], env: dict | None = None, echo: bool = True,
+                 first: int | None = None, ready: str | None = None):
         self.nodes, self.commands, self.echo = nodes, commands, echo
         env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, **(env or {})}
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this torchrun
@@ -312,11 +327,23 @@ class OnNodes:
         self.lost: set[int] = set()
         self._queue: queue.Queue = queue.Queue()
         self._folded = FoldedFrames(nodes.hosts)
-        self.procs = [nodes.popen(k, ["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, env=env, start_new_session=True) for k, command in enumerate(commands)]
-        self._open = len(self.procs)
-        for k, proc in enumerate(self.procs):
-            threading.Thread(target=self._read, args=(k, proc), daemon=True).start()
+        self.procs: list[subprocess.Popen | None] = [None] * len(commands)
+        self._open = 0
+        order = [first, *(k for k in range(len(commands)) if k != first)] if first is not None else range(len(commands))
+        for k in order:
+            self._start(k, env)
+            if k == first and ready:
+                try:
+                    self.wait_for(ready, node=first)
+                except RuntimeError:
+                    self._stop(grace_s=0)
+                    raise
+
+    def _start(self, k: int, env: dict) -> None:
+        self.procs[k] = self.nodes.popen(k, ["sh", "-c", self.commands[k]], stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self._open += 1
+        threading.Thread(target=self._read, args=(k, self.procs[k]), daemon=True).start()
 
     def _read(self, k, proc) -> None:
         for line in proc.stdout:
@@ -393,7 +420,7 @@ class OnNodes:
         running. How many processes needed SIGKILL."""
         with sigint_ignored():
             end = time.monotonic() + grace_s
-            running = [p for p in self.procs if not _ended(p, end)]
+            running = [p for p in self.procs if p is not None and not _ended(p, end)]
             for proc in running:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -402,7 +429,7 @@ class OnNodes:
                 _ended(proc, end)  # TERM_S for them all, not each
             killed = sum(len(self.nodes.kill_processes(k, mark=self.mark)) for k in range(len(self.procs))
                          if not self.nodes.closed and self.nodes.alive(k))
-            for proc in self.procs:
+            for proc in filter(None, self.procs):
                 _ended(proc, time.monotonic() + 5)
         return killed
 
@@ -431,25 +458,32 @@ def sigint_ignored():
 
 
 class FoldedFrames:
-    """Prints nodes' lines as ``[nodeK] line``, a C++ stack trace (``frame #3: ...`` lines, which
-    torch's store prints with some warnings) folded into one line saying how many frames it had."""
+    """Prints nodes' lines as ``[nodeK] line``, with a C++ stack trace (``frame #3: ...`` lines, which
+    torch's store prints with some warnings) folded into one line saying how many frames it had, and
+    likewise a run of torch's INFO log lines (``LOGLEVEL=INFO``; its warnings still show)."""
 
     FRAME = re.compile(r"^(frame #\d+: |<omitting python frames>)")
+    INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+    KINDS = ((FRAME, "lines of C++ stack trace"), (INFO, "lines of torch's INFO log"))
 
     def __init__(self, hosts: list[str], out=None):
         self.hosts, self.out, self.frames = hosts, out, {}
 
     def show(self, k: int, line: str) -> None:
-        if self.FRAME.match(line):
-            self.frames[k] = self.frames.get(k, 0) + 1
+        kind = next((what for pattern, what in self.KINDS if pattern.match(line)), None)
+        if kind is not None and self.frames.get(k, (kind,))[0] == kind:
+            self.frames[k] = (kind, self.frames.get(k, (kind, 0))[1] + 1)
             return
         self.flush(k)
+        if kind is not None:
+            self.frames[k] = (kind, 1)
+            return
         print(f"[{self.hosts[k]}] {line}", file=self.out, flush=True)
 
     def flush(self, k: int) -> None:
-        if self.frames.get(k):
-            print(f"[{self.hosts[k]}] ({self.frames.pop(k)} lines of C++ stack trace, in the returned output)",
-                  file=self.out, flush=True)
+        if k in self.frames:
+            kind, count = self.frames.pop(k)
+            print(f"[{self.hosts[k]}] ({count} {kind}, in the returned output)", file=self.out, flush=True)
 
 
 _TEE_LINE = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<local>\d+)\]:Rank (?P<rank>\d+),")
@@ -466,6 +500,29 @@ def ranks_by_local_rank(output: str) -> dict[int, int]:
     return found
 
 
+_LOG_TIME = re.compile(r"^I(\d{4} \d\d:\d\d:\d\d\.\d+) ")
+
+
+def agent_rendezvous(output: str) -> dict:
+    """What one node's torchrun agent logged at ``LOGLEVEL=INFO`` about its rendezvous: when it
+    started (its first log line), when it began the rendezvous (``Rendezvous'ing worker group``,
+    logged just before it joins), and the node's rank the rendezvous gave it (``group_rank=``).
+    Times are the agent's own clock (``datetime``, month and day of the log, year 1900)."""
+    found: dict = {}
+    for line in output.splitlines():
+        stamp = _LOG_TIME.match(line)
+        if not stamp:
+            continue
+        at = datetime.datetime.strptime(stamp.group(1), "%m%d %H:%M:%S.%f")
+        found.setdefault("started", at)
+        if "Rendezvous'ing worker group" in line:
+            found.setdefault("rendezvous", at)
+        rank = re.search(r"\]\s+group_rank=(\d+)$", line)
+        if rank:
+            found.setdefault("group_rank", int(rank.group(1)))
+    return found
+
+
 SLURM_TEMPLATE = """#!/bin/bash
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
@@ -479,9 +536,9 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 # Since Slurm 22.05 srun does not pass --cpus-per-task on to its tasks: say it again.
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
-# No --node-rank: c10d numbers the nodes. ("$SLURM_NODEID" on this line would be expanded once,
-# here on the first node, and give every node 0.) --kill-on-bad-exit: a node whose torchrun
-# fails ends the others now, not at NCCL's timeout.
+# No --node-rank: c10d ignores it and numbers the nodes by their sorted host names (FQDN).
+# ("$SLURM_NODEID" on this line would be expanded once, here on the first node, and give every
+# node 0.) --kill-on-bad-exit: a node whose torchrun fails ends the others now, not at NCCL's timeout.
 srun --kill-on-bad-exit=1 torchrun \\
     --nnodes "$SLURM_NNODES" \\
     --nproc-per-node {gpus} \\
@@ -536,23 +593,24 @@ def check_steps_per_epoch(answer, size: int = 10000, batch_size: int = 32, world
     return True
 
 
-def check_node_command(command, node_rank: int = 1, nnodes: int = 2, nproc_per_node: int = 4,
+def check_node_command(command, nnodes: int = 2, nproc_per_node: int = 4,
                        endpoint: str = "gpu-node-0:29400") -> bool:
-    """Exercise 3: the torchrun line for one node of a multi-node job (flag order does not matter;
-    ``--node-rank`` may be left out, the c10d rendezvous ignores it)."""
+    """Exercise 3: the torchrun line for a machine of a multi-node job (flag order does not matter).
+    ``--node-rank`` is refused: the c10d rendezvous ignores it, so it would only mislead a reader."""
     if _unanswered(answer=command, what="a torchrun command line (a string)"):
         return False
     given = _flags(shlex.split(command))
-    want = _flags(torchrun_command(node_rank, nnodes, nproc_per_node, endpoint))
+    want = _flags(torchrun_command(nnodes, nproc_per_node, endpoint))
     assert shlex.split(command)[0] == "torchrun", "start the line with torchrun"
     for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint"):
         assert given.get(flag) == want[flag], (
             f"{flag} should be {want[flag]!r}, got {given.get(flag)!r}. "
             "Hint: compare with training.torchrun_commands(...) for another cluster.")
-    assert given.get("--node-rank", want["--node-rank"]) == want["--node-rank"], (
-        f"this is node {node_rank}: --node-rank {node_rank} (or leave it out: c10d assigns node ranks)")
+    assert "--node-rank" not in given, (
+        "leave out --node-rank: with --rdzv-backend c10d torch ignores it (only the static rendezvous reads it) "
+        "and numbers the machines by sorting their host names, so every machine types the same line")
     assert given.get("script") == "ddp_train.py", "the command should end with the script: ddp_train.py"
-    print("correct: that node joins the c10d rendezvous and starts its ranks")
+    print("correct: the same line on every machine; each joins the c10d rendezvous and starts its ranks")
     return True
 
 
