@@ -106,3 +106,63 @@ def test_a_process_folder_names_its_root_only_when_both_are_private(tmp_path):
     folder.chmod(0o755)
     assert private.root_of(str(folder)) is None
     assert not private.is_private_dir(folder) and not private.is_private_dir(tmp_path / "missing")
+
+
+def stamped(folder, pid: int, started: int, machine=None) -> None:
+    from distlab.folders import owner
+
+    boot, ns = machine or owner.machine()
+    folder.mkdir(mode=0o700)
+    (folder / owner.STAMP).write_text(f"{boot} {ns} {pid} {started}\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_stamped_folder_goes_when_its_process_has_gone_whatever_host_name_it_ran_under(tmp_path):
+    """Issue #52: a process on one of distlab.Nodes names its folder after the node (``proc-node0-...``):
+    another machine's by the name, never pruned. Its stamp says it ran here."""
+    from distlab.folders import owner
+
+    me, dead, started = os.getpid(), 999_999_999, owner.start_ticks(os.getpid())
+    names = {f"proc-node0-{dead}-aaaaaaaa": (dead, 1234, None, True),        # a node's process, gone
+             f"proc-node1-{me}-bbbbbbbb": (me, started, None, False),         # a node's process, running
+             f"proc-node1-{me}-cccccccc": (me, started - 1, None, True),      # its pid reused by a later process
+             f"proc-other-{dead}-dddddddd": (dead, 1, ("other-boot", "pid:[1]"), False)}  # another machine's
+    for name, (pid, ticks, machine, _) in names.items():
+        stamped(tmp_path / name, pid, ticks, machine)
+    assert {p.name for p in private.stale_dirs(tmp_path)} == {n for n, (*_, gone) in names.items() if gone}
+
+
+def test_an_unstamped_folder_of_a_pid_reused_since_it_last_changed_goes(tmp_path):
+    """A folder from before the stamps: the pid runs, but the process that runs it started after the folder
+    last changed, so it is not the one that made it."""
+    folder = tmp_path / f"{private.folder_prefix(os.getpid())}aaaaaaaa"
+    folder.mkdir(mode=0o700)
+    assert private.stale_dirs(tmp_path) == []  # changed after this process started: perhaps its own
+    os.utime(folder, (1_000_000_000, 1_000_000_000))  # 2001: long before this process started
+    assert private.stale_dirs(tmp_path) == [folder]
+
+
+def test_a_process_folder_carries_its_stamp_and_holds_the_work_folders(tmp_root):
+    from distlab.folders import owner
+
+    folder = privtmp.process_dir()
+    stamp = owner.read(folder)
+    if os.path.exists("/proc/self/stat"):
+        assert stamp[2] == os.getpid() and owner.verdict(folder, os.getpid()) is False  # its process runs
+    work = privtmp.work_folder("ddp-train-")
+    assert work.parent == folder and work.name.startswith("ddp-train-") and private.is_private_dir(work)
+
+
+def test_a_sigterm_during_the_exit_handlers_does_not_stop_the_folders_removal(tmp_path):
+    """jupyter_client SIGTERMs a kernel 2.5 s after its shutdown request; on a loaded machine that can land
+    while the kernel runs its exit handlers, before the one that removes its private folder."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, os, signal\nfrom distlab.folders import privtmp\n"
+            "atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # runs before multiprocessing's handlers\n"
+            "print(privtmp.process_dir(), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs")})
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(done.stdout.strip())

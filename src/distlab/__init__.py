@@ -4,6 +4,7 @@ Front ends: :func:`spawn` (``torch.multiprocessing.spawn``'s signature), :func:`
 (torchrun style) and :func:`run_script`. Inside workers: :func:`report`, :func:`device`.
 Warm ranks kept between cells: :class:`Ranks`, and the ``%%ranks`` magic (``%load_ext distlab``).
 Several machines on one: :class:`Nodes` (network namespaces joined by rate-limited links).
+A notebook's own files (a script, checkpoints): :func:`work_folder`, private, removed when the kernel ends.
 Errors a notebook catches: :class:`DistlabError` and its kinds, launch (``WorkerFailedError``, ...)
 and warm ranks (``RankError``, ``RanksTimeoutError``, ``RanksStoppedError``).
 
@@ -21,6 +22,7 @@ from distlab.errors import (
     WorkerFailedError,
     WorkerTimeoutError,
 )
+from distlab.folders.privtmp import work_folder
 from distlab.nodes.cluster import Nodes
 from distlab.results import RunResult
 from distlab.warm.errors import RankError, RanksStoppedError, RanksTimeoutError
@@ -30,7 +32,7 @@ from distlab.worker import report
 __all__ = [
     "spawn", "launch", "run_script", "device", "backend", "report", "RunResult", "PendingRun", "Ranks", "Nodes",
     "DistlabError", "LaunchArgumentError", "CaptureError", "WorkerFailedError", "WorkerTimeoutError",
-    "RankError", "RanksTimeoutError", "RanksStoppedError", "NodesError",
+    "RankError", "RanksTimeoutError", "RanksStoppedError", "NodesError", "work_folder",
 ]
 __version__ = "0.1.0"
 

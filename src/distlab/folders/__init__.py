@@ -8,6 +8,8 @@ Modules, each with the process it runs in:
 
 * ``userns``: what a file's owner means inside a user namespace (the nodes' of an ordinary
   user), read from ``/proc`` (every process).
+* ``owner``: which process made a private temporary folder, and whether that very process still
+  runs (a stamp in the folder, read from ``/proc``; every process).
 * ``private``: the runs root and what "private" means for a folder or file (the checks), and the
   names of the process folders in the root (every process).
 * ``runfolder``: one launch's folder and its layout; pruning old runs (kernel; ranks read and write
@@ -16,6 +18,6 @@ Modules, each with the process it runs in:
   processes start (kernel, forkserver, a hand-run script).
 * ``compile_cache``: ``torch.compile``'s cache in the private root (kernel, every rank).
 
-May import: ``errors`` (and the standard library only). Order inside: ``userns`` <- ``private`` <- ``runfolder``
-<- ``privtmp``; ``compile_cache`` on ``private``.
+May import: ``errors`` (and the standard library only). Order inside: ``userns``, ``owner`` <- ``private``
+<- ``runfolder`` <- ``privtmp``; ``compile_cache`` on ``private``.
 """

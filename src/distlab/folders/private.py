@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from distlab.errors import RUN_FOLDER, RunFolderError
-from distlab.folders import userns
+from distlab.folders import owner, userns
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
@@ -357,14 +357,23 @@ def root_of(folder: str) -> Path | None:
 
 
 def stale_dirs(root: Path, alive=None, host: str | None = None) -> list[Path]:
-    """This host's ``proc-<host>-<pid>-*`` folders in ``root`` whose process no longer runs (killed
-    without cleanup). Another host's folders are never touched: their pids mean nothing here."""
+    """``proc-<host>-<pid>-*`` folders in ``root`` whose process no longer runs (killed without
+    cleanup). Judged by the stamp the process left in its folder (:mod:`distlab.folders.owner`)
+    whatever host name it ran under (a node's of :class:`distlab.Nodes` too); a folder without a
+    stamp of this machine by its name: this host's, and its pid gone or reused since the folder
+    last changed. Another machine's folders are never touched: their pids mean nothing here."""
     alive = pid_alive if alive is None else alive
     host = host_name() if host is None else host
+    here = owner.machine()
     stale = []
     for entry in os.scandir(root):
-        owner = owner_of(entry.name)
-        if owner is not None and owner[0] == host and entry.is_dir(follow_symlinks=False) and not alive(owner[1]):
+        who = owner_of(entry.name)
+        if who is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        gone = owner.verdict(Path(entry.path), who[1], here)
+        if gone is None and who[0] == host:
+            gone = not alive(who[1]) or owner.reused(who[1], entry.stat(follow_symlinks=False).st_mtime)
+        if gone:
             stale.append(Path(entry.path))
     return stale
 

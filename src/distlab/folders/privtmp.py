@@ -18,15 +18,17 @@ pruned. Standard library only, like :mod:`distlab.folders.runfolder`.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from multiprocessing import util
 from pathlib import Path
 
-from distlab.folders import private
+from distlab.folders import owner, private
 from distlab.folders.private import ENV, check_private_dir, folder_prefix
 
 _LOCK = threading.RLock()
@@ -44,10 +46,35 @@ def process_dir(root: Path | None = None) -> Path:
             check_private_dir(folder)
             return folder
         folder = Path(tempfile.mkdtemp(prefix=folder_prefix(pid), dir=private.private_root(root)))
+        owner.write(folder)  # which process this is, so that pruning knows when it has gone
         _DIRS[pid] = folder
         # removed after multiprocessing's own exit handlers, which remove its pymp-* folder in here
         util.Finalize(None, _remove, args=(folder, pid), exitpriority=-101)
+        finish_exit_handlers_despite_sigterm()
         return folder
+
+
+def work_folder(prefix: str = "work-") -> Path:
+    """A fresh private folder (0700, ``mkdtemp``) for a notebook's own files, a script and its
+    checkpoints, inside :func:`process_dir`: it goes with that folder when the kernel ends, and
+    after a SIGKILL with the next kernel's pruning. Nothing is left that the learner did not ask to
+    keep: what should stay is copied out of it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=process_dir()))
+
+
+def finish_exit_handlers_despite_sigterm() -> None:
+    """Once this process is exiting, let a SIGTERM wait until the exit handlers registered so far
+    (this folder's removal, closing :class:`distlab.Nodes`) have run. jupyter_client SIGTERMs a
+    kernel 2.5 s after it asked it to shut down, and a loaded machine can take that long to get to
+    them; its SIGKILL, 2.5 s later, still ends the kernel. Call it again after registering another
+    handler: the last one registered runs first."""
+    atexit.unregister(_ignore_sigterm)
+    atexit.register(_ignore_sigterm)
+
+
+def _ignore_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _remove(folder: Path, pid: int) -> None:

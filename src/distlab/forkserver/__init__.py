@@ -10,6 +10,8 @@ Modules, each with the process it runs in:
 
 * ``mode``: how ranks start, forked or fresh, and the environment a forked rank gets. Pure rules (kernel).
 * ``client``: starts the server, asks it for forks, waits for forked ranks to be gone (kernel).
+* ``tracker``: ``multiprocessing``'s resource tracker, started where a kernel's shutdown does not
+  wait for it (kernel).
 * ``prestart``: starts the server in the background when a notebook imports distlab (kernel).
 * ``peercred``: who is at the other end of a Unix socket; the server's check on every connection
   (kernel and server).

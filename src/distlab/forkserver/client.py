@@ -32,6 +32,7 @@ from multiprocessing import process as mp_process
 from pathlib import Path
 
 from distlab.forkserver import mode as launchmode
+from distlab.forkserver import tracker
 
 START_METHOD = "distlab-forkserver"
 PRELOAD = ["distlab.forkserver.preload"]  # torch and distlab's rank runtime: see that module
@@ -46,10 +47,9 @@ class _ForkServer(mp_forkserver.ForkServer):
 
     def ensure_running(self) -> None:
         with self._lock:
-            resource_tracker.ensure_running()
+            tracker.ensure_running()  # in a session of its own: see that module
             if self._forkserver_pid is not None:
-                pid, _ = os.waitpid(self._forkserver_pid, os.WNOHANG)
-                if not pid:
+                if not _ended(self._forkserver_pid):
                     return  # still serving
                 os.close(self._forkserver_alive_fd)
                 self._forkserver_address = self._forkserver_alive_fd = self._forkserver_pid = None
@@ -77,6 +77,20 @@ class _ForkServer(mp_forkserver.ForkServer):
             finally:
                 os.close(alive_r)
         self._forkserver_address, self._forkserver_alive_fd, self._forkserver_pid = address, alive_w, pid
+        threading.Thread(target=_reap, args=(pid,), daemon=True, name="distlab-forkserver-reaper").start()
+
+    def _stop_unlocked(self) -> None:
+        """``multiprocessing``'s, for a server its reaper may have waited for already."""
+        if self._forkserver_pid is None:
+            return
+        os.close(self._forkserver_alive_fd)  # the server's signal to leave
+        self._forkserver_alive_fd = None
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self._forkserver_pid, 0)
+        self._forkserver_pid = None
+        if not util.is_abstract_socket_namespace(self._forkserver_address):
+            os.unlink(self._forkserver_address)
+        self._forkserver_address = None
 
     def connect_to_new_process(self, fds):
         """Ask the server for a child; returns (status pipe's read end, process pipe's write end)."""
@@ -97,6 +111,23 @@ class _ForkServer(mp_forkserver.ForkServer):
         finally:
             os.close(child_r)
             os.close(child_w)
+
+
+def _reap(pid: int) -> None:
+    """Wait for the server to end, so that it never lingers as a zombie: a Jupyter kernel's shutdown
+    SIGTERMs the children in its process group and waits until none is left, zombies included, and
+    jupyter_client kills the kernel (without its ``atexit`` handlers) after 2.5 s of that."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _ended(pid: int) -> bool:
+    """Whether the server ``pid`` has ended (its reaper may have waited for it already)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return bool(done)
 
 
 def socket_path(folder: str) -> str:

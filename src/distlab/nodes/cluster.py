@@ -11,12 +11,13 @@ See :mod:`distlab.nodes.namespaces` for how they are held and why nothing outliv
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import weakref
 
-from distlab.errors import NODE_COMMAND, NodesError
-from distlab.folders import private
+from distlab.errors import NODE_COMMAND, DistlabError, NodesError
+from distlab.folders import private, privtmp
 from distlab.nodes import held, namespaces, plan
 
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # every Nodes not closed yet
@@ -52,6 +53,7 @@ class Nodes:
         self._held: list[held.Held] = []  # [switch, node0, node1, ...]: the namespaces, open until close()
         self._on_close: list = []
         self._finalizer = weakref.finalize(self, _end, self._holders, self._held, self._on_close)
+        privtmp.finish_exit_handlers_despite_sigterm()  # at the kernel's exit, the nodes close to the end
         try:
             self._start(bits)
         except BaseException:
@@ -235,3 +237,15 @@ def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list
     namespaces.stop(holders)
     for h in helds:
         h.close()
+    _remove_folders_of_the_killed()
+
+
+def _remove_folders_of_the_killed() -> None:
+    """The private temporary folders of the processes just killed on the nodes: killed, they could not
+    remove their own, and by their names (``proc-node0-...``) they are another machine's; their stamps
+    say they were this machine's (:func:`distlab.folders.private.stale_dirs`)."""
+    try:
+        for folder in private.stale_dirs(private.private_root()):
+            shutil.rmtree(folder, ignore_errors=True)
+    except (OSError, DistlabError):  # closing must not fail over a folder: the next prune takes it
+        pass
