@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -83,18 +84,19 @@ def test_ranks_and_a_spawn_in_a_user_namespace_are_forked_into_it(monkeypatch):
 KERNEL = textwrap.dedent("""
     import os, signal, sys, time
     import distlab, distlab.errors
-    def sleeper(rank):
-        import time
+    def sleeper(rank, mark):
+        import pathlib, time
         print("sleeping", flush=True)
+        pathlib.Path(mark).touch()  # the test interrupts once the rank is in its sleep
         time.sleep(300)
     def seven(rank):
         return 7
     nodes = distlab.Nodes(2)
     ranks = distlab.Ranks(1, nodes=nodes)
-    mode = sys.argv[1]
+    mode, mark = sys.argv[1], sys.argv[2]
     if mode == "interrupt":
         try:
-            distlab.spawn(sleeper, nprocs=1, nodes=nodes, view=None, timeout=300)
+            distlab.spawn(sleeper, args=(mark,), nprocs=1, nodes=nodes, view=None, timeout=300)
         except distlab.errors.RunInterrupted:
             print("INTERRUPTED", flush=True)
         res = distlab.spawn(seven, nprocs=1, nodes=nodes, view=None, timeout=120)
@@ -103,7 +105,8 @@ KERNEL = textwrap.dedent("""
         nodes.close()
         print("CLOSED", flush=True)
     else:
-        run = distlab.spawn(sleeper, nprocs=1, nodes=nodes, view=None, timeout=300, join=False)
+        run = distlab.spawn(sleeper, args=(mark,), nprocs=1, nodes=nodes, view=None, timeout=300,
+                            join=False)
         print("STARTED", flush=True)
         time.sleep(300)
 """)
@@ -131,17 +134,21 @@ def start_kernel(folder, mode: str) -> subprocess.Popen:
     script = folder / "kernel.py"
     script.write_text(KERNEL)
     env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC)}
-    return subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    command = [sys.executable, str(script), mode, str(folder / "sleeping")]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)
 
 
 def wait_for_ranks(kernel: subprocess.Popen, at_least: int, timeout: float = 120) -> set[int]:
-    """The kernel's processes once ``at_least`` of them run (server, spares, ranks, agents, holders)."""
+    """The kernel's processes once ``at_least`` of them run (server, spares, ranks, agents, holders)
+    and the sleeping rank has said so (its mark file): on a loaded machine a count alone was reached
+    while the run was still starting, and the interrupt landed outside the cell's ``try``."""
     deadline = time.monotonic() + timeout
-    while len(tree(kernel.pid)) < at_least:
+    mark = Path(kernel.args[3])
+    while len(tree(kernel.pid)) < at_least or not mark.exists():
         assert time.monotonic() < deadline and kernel.poll() is None, kernel.stderr.read() if kernel.poll() else ""
         time.sleep(0.1)
-    time.sleep(1.0)  # the ranks reach their sleep
+    time.sleep(0.2)
     return tree(kernel.pid)
 
 
