@@ -17,12 +17,20 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "book" / training.CHAPTER
 SIZE, BATCH = 1024, 32
 
 
+def statements(code: str) -> list[str]:
+    """The code's lines without comments or blank lines: a comment may sit above or beside a line
+    (book/fit_code.py moves one above when the two do not fit the page)."""
+    return [kept for line in code.splitlines() if (kept := line.split("#")[0].strip())]
+
+
 def node_cell(first_line: str) -> str:
-    """The code of the chapter's ``%%needs nodes`` cell whose code starts with ``first_line``."""
+    """The code of the chapter's ``%%needs nodes`` cell whose first two statements include
+    ``first_line`` (its comment ignored)."""
+    wanted = statements(first_line)[0]
     for cell in json.loads(NOTEBOOK.read_text())["cells"]:
         source = "".join(cell["source"])
         magic, _, code = source.partition("\n")
-        if cell["cell_type"] == "code" and magic == "%%needs nodes" and first_line in code.splitlines()[:2]:
+        if cell["cell_type"] == "code" and magic == "%%needs nodes" and wanted in statements(code)[:2]:
             return code
     raise AssertionError(f"no %%needs nodes cell starting with {first_line!r} in {NOTEBOOK.name}")
 
