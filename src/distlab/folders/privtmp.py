@@ -55,10 +55,17 @@ def process_dir(root: Path | None = None) -> Path:
 
 
 def work_folder(prefix: str = "work-") -> Path:
-    """A fresh private folder (0700, ``mkdtemp``) for a notebook's own files, a script and its
-    checkpoints, inside :func:`process_dir`: it goes with that folder when the kernel ends, and
-    after a SIGKILL with the next kernel's pruning. Nothing is left that the learner did not ask to
-    keep: what should stay is copied out of it."""
+    """A fresh folder for a notebook's own files (a script it writes, its checkpoints) that goes
+    when the kernel ends.
+
+    ``WORK = distlab.work_folder("ddp-train-")`` makes it with ``mkdtemp`` (mode 0700) inside this
+    process's own folder under distlab's private per-user root, so another user can neither read it
+    nor plant a file in it, and ranks on this machine and on :class:`distlab.Nodes` can use it. It is
+    removed with that folder when the kernel ends; after a SIGKILL, the next kernel's start removes
+    it. Nothing is left that the learner did not ask to keep: copy out what should stay.
+
+    Returns the folder's :class:`pathlib.Path`.
+    """
     return Path(tempfile.mkdtemp(prefix=prefix, dir=process_dir()))
 
 
