@@ -133,16 +133,15 @@ def can_rename_host() -> bool:
         return False
 
 
-def make_db_folder(folder: Path) -> Path:
+def make_db_folder(folder: Path, tmp: str) -> Path:
     """The database folder (see the module docstring): ``mysql``'s, 0700, in the system's temporary directory,
-    recorded in the private ``folder`` first (so it goes with the cluster, however that stops)."""
+    recorded in the private ``folder`` first (so it goes with the cluster, however that stops). ``tmp``: the
+    system's temporary directory, which every user may enter (:func:`distlab.slurm.cluster.system_tmp`)."""
     import tempfile
 
     from distlab.folders.private import write_private
 
-    from .cluster import system_tmp
-
-    db = Path(tempfile.mkdtemp(prefix="distlab-db-", dir=system_tmp()))
+    db = Path(tempfile.mkdtemp(prefix="distlab-db-", dir=tmp))
     write_private(folder / DB_RECORD, str(db))
     os.mkdir(db / "none", 0o500)  # --secure-file-priv: root's, empty; MariaDB may neither read nor write there
     account = pwd.getpwnam(DB_ACCOUNT)

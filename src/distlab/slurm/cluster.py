@@ -441,7 +441,7 @@ def _prepare(cluster: LocalCluster) -> None:
         os.mkdir(cluster.folder / sub, PRIVATE_DIR)
     if not cluster.no_accounting:
         os.mkdir(cluster.folder / "dbd", PRIVATE_DIR)
-        cluster.db = acct.make_db_folder(cluster.folder)
+        cluster.db = acct.make_db_folder(cluster.folder, system_tmp())
         _daemon(cluster, acct.INSTALL, acct.install_argv(cluster.db), group=True)
 
 
@@ -752,13 +752,16 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
 
 #: who stops first: the nodes' daemons, the controller (it hands slurmdbd what it still holds), slurmdbd,
 #: MariaDB, munged (which every other one asks until it ends)
-STOP_FIRST = ("slurmd", "slurmctld", "slurmdbd", "mariadb", "munged")
+#: (by the name before any ``-``: ``slurmd-node1``, ``mariadb-install-db``)
+STOP_FIRST = ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "mariadb", "munged")
 
 
 def stop_order(daemons: list[Daemon]) -> list[Daemon]:
     """``daemons`` in the order to stop them: by :data:`STOP_FIRST`, newest first among equals. Pure."""
-    rank = lambda d: next((k for k, name in enumerate(STOP_FIRST) if d.name.startswith(name)),  # noqa: E731
-                          len(STOP_FIRST))
+    def rank(d: Daemon) -> int:
+        kind = d.name.split("-")[0]
+        return STOP_FIRST.index(kind) if kind in STOP_FIRST else len(STOP_FIRST)
+
     return sorted(reversed(daemons), key=rank)
 
 
