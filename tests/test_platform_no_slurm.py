@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare"),
 ]
 FOLDERS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-PACKAGES = ("slurm-client", "slurmctld", "slurmd", "slurm-wlm", "munge")
+PACKAGES = ("slurm-client", "slurmctld", "slurmd", "slurm-wlm", "munge", "slurmdbd")
 
 
 def slurm_programs() -> list[str]:
