@@ -651,6 +651,10 @@ def test_a_cluster_with_accounting_sends_its_jobs_to_its_slurmdbd(tmp_path):
     assert accounting.slurmdbd_argv(tmp_path, tmp_path / "db", rename_host=False)[0] == "env"
     assert accounting.loopback_only(["127.0.1.1"]) and not accounting.loopback_only(["127.0.0.1", "172.17.0.2"])
     assert not accounting.loopback_only([])
+    boot = accounting.install_argv(tmp_path / "db", "/usr/share/mysql")
+    assert boot[:2] == ["sh", "-c"] and "mysql_system_tables_data.sql" in boot[2] and "fill_help" not in boot[2]
+    assert "| exec mariadbd --no-defaults" in boot[2] and " --bootstrap " in boot[2]
+    assert accounting.install_argv(tmp_path / "db")[0] == "mariadb-install-db"  # no SQL files found: the script
 
 
 def test_daemons_stop_controller_before_database_before_munge():

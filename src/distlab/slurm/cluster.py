@@ -180,6 +180,8 @@ class LocalCluster:
 
     def __repr__(self) -> str:
         state = "running" if self.running() else "stopped"
+        if self.no_accounting:  # sacct will say "accounting storage is disabled": here, why
+            state += f", no accounting: {self.no_accounting}"
         if self.nodes is None:
             return f"LocalCluster({state}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
         # no SLURM_CONF here: from a terminal on the host it would send requests to 10.77.0.1 out of the real
@@ -442,7 +444,7 @@ def _prepare(cluster: LocalCluster) -> None:
     if not cluster.no_accounting:
         os.mkdir(cluster.folder / "dbd", PRIVATE_DIR)
         cluster.db = acct.make_db_folder(cluster.folder, system_tmp())
-        _daemon(cluster, acct.INSTALL, acct.install_argv(cluster.db), group=True)
+        _daemon(cluster, acct.INSTALL, acct.install_argv(cluster.db, acct.sql_dir()), group=True)
 
 
 def _start(cluster: LocalCluster) -> None:
