@@ -190,23 +190,29 @@ class LocalCluster:
                 "Slurm commands from this notebook only)")
 
     def accounted(self, job_id: int | str, timeout: float = 30.0) -> str:
-        """Wait until ``sacct`` has job ``job_id``'s final record (slurmctld sends it to slurmdbd a moment
-        after the job ends) and return that record's state (``COMPLETED``, ``FAILED``...)."""
+        """Wait until ``sacct`` has job ``job_id``'s whole final record, and return its state (``COMPLETED``,
+        ``FAILED``...). The record arrives in parts, after the job has left the queue: first its steps and
+        state, under a stand-in name (``allocation``) and the first node only, then, a second or two later,
+        the job's own name and node list; so it waits until those match the controller's (while it remembers
+        the job: ``MinJobAge``)."""
         from .errors import SlurmError
 
         if self.no_accounting:
             raise SlurmError(f"this cluster keeps no job accounting: {self.no_accounting}.")
         deadline = time.monotonic() + timeout
         while True:
-            done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], env=self.env,
-                                  capture_output=True, text=True)
-            state = done.stdout.strip().split(" ")[0]
+            done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,JobName,NodeList"],
+                                  env=self.env, capture_output=True, text=True)
+            fields = (done.stdout.strip().splitlines() or [""])[0].split("|")
+            state = fields[0].split(" ")[0]
             if done.returncode == 0 and state and state not in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
-                return state
+                want = commands.controller_fields(job_id, ("JobName", "NodeList"), self.env)
+                if want is None or fields[1:] == [want["JobName"], want["NodeList"]]:
+                    return state
             if time.monotonic() > deadline:
-                raise SlurmError(f"sacct has no final record of job {job_id} after {timeout:.0f} s: "
+                raise SlurmError(f"sacct has no whole final record of job {job_id} after {timeout:.0f} s: "
                                  f"{(done.stdout + done.stderr).strip() or 'nothing'}")
-            time.sleep(0.1)
+            time.sleep(0.2)
 
     def stop(self) -> None:
         """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
