@@ -215,18 +215,20 @@ def test_a_killed_kernel_leaves_neither_daemon_nor_node(cluster, tmp_path):
         assert line, "the cluster did not start (its error is in the captured stderr)"
         folder, holders = json.loads(line)
         folder = Path(folder)
-        door = Path((folder / "door").read_text())
+        door, db = Path((folder / "door").read_text()), Path((folder / "db-folder").read_text())
         daemons = json.loads((folder / "daemons.json").read_text())
-        assert sorted(d["name"] for d in daemons) == ["munged", "slurmctld", "slurmd-node0", "slurmd-node1"]
+        assert sorted(d["name"] for d in daemons) == ["mariadbd", "munged", "slurmctld", "slurmd-node0",
+                                                      "slurmd-node1", "slurmdbd"]
     finally:
         owner.kill()  # also when it failed: no process of this test may outlive it
         owner.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (any(running(p) for p in [d["pid"] for d in daemons] + holders)
-                                           or folder.exists() or door.exists()):
+                                           or folder.exists() or door.exists() or db.exists()):
         time.sleep(0.2)
     assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
     assert not [p for p in holders if running(p)] and not folder.exists() and not door.exists()
+    assert not db.exists(), "the database folder outlived the kernel"
 
 
 @pytest.mark.parametrize("how", ["torchrun, --signal=USR1@50", "tasks, --signal=B:USR1@50"])
