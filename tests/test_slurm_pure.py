@@ -665,3 +665,22 @@ def test_daemons_stop_controller_before_database_before_munge():
                                                              "mariadbd", "munged"]
     shuffled = [daemons[3], daemons[0], daemons[5], daemons[1], daemons[2], daemons[4]]
     assert [d.name for d in cluster.stop_order(shuffled)][2:] == ["slurmctld", "slurmdbd", "mariadbd", "munged"]
+
+
+def test_accounted_waits_for_the_whole_record(tmp_path):
+    """sacct first has a job's state under a stand-in name (allocation) and its first node; accounted() waits
+    until the name and node list match the controller's, and says what it saw when they never do."""
+    count = tmp_path / "count"
+    count.write_text("0")
+    (tmp_path / "sacct").write_text(f"""#!/bin/sh
+n=$(cat {count}); echo $((n + 1)) > {count}
+if [ "$n" -lt 2 ]; then echo "COMPLETED|allocation|node0"; else echo "COMPLETED|fine|node[0-1]"; fi
+""")
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=fine JobState=COMPLETED NodeList=node[0-1]'\n")
+    for name in ("sacct", "scontrol"):
+        (tmp_path / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    assert cluster.accounted(7, env, timeout=10) == "COMPLETED" and count.read_text().strip() == "3"
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=other JobState=COMPLETED NodeList=x'\n")
+    with pytest.raises(errors.SlurmError, match=r"no whole final record of job 7 after 1 s: COMPLETED\|fine"):
+        cluster.accounted(7, env, timeout=1)

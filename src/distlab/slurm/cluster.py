@@ -190,29 +190,12 @@ class LocalCluster:
                 "Slurm commands from this notebook only)")
 
     def accounted(self, job_id: int | str, timeout: float = 30.0) -> str:
-        """Wait until ``sacct`` has job ``job_id``'s whole final record, and return its state (``COMPLETED``,
-        ``FAILED``...). The record arrives in parts, after the job has left the queue: first its steps and
-        state, under a stand-in name (``allocation``) and the first node only, then, a second or two later,
-        the job's own name and node list; so it waits until those match the controller's (while it remembers
-        the job: ``MinJobAge``)."""
+        """Wait until ``sacct`` has job ``job_id``'s whole final record; its state (:func:`accounted`)."""
         from .errors import SlurmError
 
         if self.no_accounting:
             raise SlurmError(f"this cluster keeps no job accounting: {self.no_accounting}.")
-        deadline = time.monotonic() + timeout
-        while True:
-            done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,JobName,NodeList"],
-                                  env=self.env, capture_output=True, text=True)
-            fields = (done.stdout.strip().splitlines() or [""])[0].split("|")
-            state = fields[0].split(" ")[0]
-            if done.returncode == 0 and state and state not in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
-                want = commands.controller_fields(job_id, ("JobName", "NodeList"), self.env)
-                if want is None or fields[1:] == [want["JobName"], want["NodeList"]]:
-                    return state
-            if time.monotonic() > deadline:
-                raise SlurmError(f"sacct has no whole final record of job {job_id} after {timeout:.0f} s: "
-                                 f"{(done.stdout + done.stderr).strip() or 'nothing'}")
-            time.sleep(0.2)
+        return accounted(job_id, self.env, timeout)
 
     def stop(self) -> None:
         """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
@@ -251,6 +234,10 @@ class ExistingCluster:
     def running(self) -> bool:
         return True
 
+    def accounted(self, job_id: int | str, timeout: float = 30.0) -> str:
+        """Wait until ``sacct`` has job ``job_id``'s whole final record; its state (:func:`accounted`)."""
+        return accounted(job_id, commands.client_env(), timeout)
+
     def workdir(self, prefix: str = "work-") -> Path:
         """A fresh working folder of yours (a real cluster's jobs run as you)."""
         return Path(tempfile.mkdtemp(prefix=prefix, dir=Path.cwd()))
@@ -259,6 +246,30 @@ class ExistingCluster:
         """Nothing to stop: distlab did not start this cluster."""
 
     close = stop
+
+
+def accounted(job_id: int | str, env: dict, timeout: float = 30.0) -> str:
+    """Wait until ``sacct`` has job ``job_id``'s whole final record, and return its state (``COMPLETED``,
+    ``FAILED``...). The record arrives in parts, after the job has left the queue: first its steps and
+    state, under a stand-in name (``allocation``) and the first node only, then, a second or two later,
+    the job's own name and node list; so it waits until those match the controller's (while it remembers
+    the job: ``MinJobAge``)."""
+    from .errors import SlurmError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,JobName,NodeList"],
+                              env=env, capture_output=True, text=True)
+        fields = (done.stdout.strip().splitlines() or [""])[0].split("|")
+        state = fields[0].split(" ")[0]
+        if done.returncode == 0 and state and state not in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
+            want = commands.controller_fields(job_id, ("JobName", "NodeList"), env)
+            if want is None or fields[1:] == [want["JobName"], want["NodeList"]]:
+                return state
+        if time.monotonic() > deadline:
+            raise SlurmError(f"sacct has no whole final record of job {job_id} after {timeout:.0f} s: "
+                             f"{(done.stdout + done.stderr).strip() or 'nothing'}")
+        time.sleep(0.2)
 
 
 _CURRENT: LocalCluster | None = None
