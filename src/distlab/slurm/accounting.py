@@ -19,10 +19,13 @@ The cluster runs both from Debian's packages (``slurmdbd``, ``mariadb-server``),
   a UTS namespace of its own named ``localhost``. On :class:`distlab.Nodes` it runs on ``node0``, on the
   nodes' private network.
 
-It all starts with the cluster (``mariadb-install-db`` takes about half a second, while munged starts) and
-stops with it: slurmd and slurmctld first (slurmctld hands slurmdbd what it still holds), then slurmdbd, then
-MariaDB; the database folder goes with the cluster's own. Pure, but for :func:`make_db_folder`,
-:func:`ready` and :func:`problem`.
+It all starts with the cluster, before slurmctld: Slurm 22.05's slurmctld exits ("we have no TRES") when its
+database is down and it has no state files yet, so it cannot start first and leave its records queued for a
+slurmdbd that comes later. MariaDB's system tables are made while the nodes and munged start (:func:`install_argv`),
+then MariaDB starts, then slurmdbd (which makes its tables), then slurmctld (which registers the cluster). It
+stops with the cluster: slurmd and slurmctld first (slurmctld hands slurmdbd what it still holds), then slurmdbd,
+then MariaDB; the database folder goes with the cluster's own. Pure, but for :func:`make_db_folder`,
+:func:`remove_db_folder`, :func:`socket_answers` and :func:`problem`.
 """
 from __future__ import annotations
 
