@@ -58,7 +58,7 @@ def test_slurm_is_really_hidden():
 
 def test_chapter_13_reaches_its_last_cell_without_slurm(tmp_path):
     run = run_chapter(without_slurm, "13_slurm_cluster", tmp_path)
-    counts = check(run, {"slurm", "slurm-nodes"})
+    counts = check(run, {"slurm", "slurm-nodes", "slurm-accounting"})
     print(f"13_slurm_cluster without Slurm: {run['seconds']:.1f} s, {counts}")
     assert counts["ran"] == 0 and counts["skipped"] >= 20
     assert run["seconds"] <= budget("13_slurm_cluster")
