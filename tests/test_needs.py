@@ -22,14 +22,16 @@ CONTAINER = ("distlab: cannot start nodes: this machine refuses a network namesp
 NO_SLURM = ("distlab.slurm: cannot start a one-machine cluster: these programs are missing: sbatch, slurmctld. "
             "Install them: apt-get install slurm-wlm (Debian/Ubuntu; slurm-wlm brings slurmctld, slurmd and "
             "slurm-client), or use a real cluster.")
+NO_DBD = "job accounting needs mariadbd, slurmdbd: apt-get install mariadb-server slurmdbd"
 NOT_ROOT = ("distlab.slurm: cannot start a one-machine cluster: it needs root (slurmd starts every job step as "
             "the job's user, which only root may do). Run as root (as CI does, or in a container), or use a real "
             "cluster's login node.")
 
 
 @pytest.mark.parametrize("facts, holds", [
-    (Facts(None, None), {"nodes", "slurm", "slurm-nodes"}),             # Linux as root, Slurm installed
-    (Facts(CONTAINER, None), {"slurm"}),                                 # a default container as root, with Slurm
+    (Facts(None, None), {"nodes", "slurm", "slurm-nodes", "slurm-accounting"}),   # Linux as root, Slurm installed
+    (Facts(CONTAINER, None), {"slurm", "slurm-accounting"}),             # a default container as root, with Slurm
+    (Facts(None, None, NO_DBD), {"nodes", "slurm", "slurm-nodes"}),      # Slurm without slurmdbd or MariaDB
     (Facts(CONTAINER, NO_SLURM), set()),                                 # Kaggle, Colab
     (Facts(None, NOT_ROOT), {"nodes"}),                                  # an ordinary Linux user
     (Facts(None, NO_SLURM), {"nodes"}),                                  # root without Slurm's packages
@@ -45,6 +47,10 @@ def test_the_line_says_what_the_section_needs_why_not_and_what_would_allow_it():
                     + " Its cells show what they printed when the book was built, labelled as recorded; the rest "
                     "of the chapter runs.")
     assert "\n" not in verdict.verdict("nodes", Facts("a\nb", None))   # one line, whatever the error's layout
+    assert verdict.verdict("slurm-accounting", Facts(None, None, NO_DBD)) == (
+        "Not run here: this section needs a Slurm cluster that keeps job accounting (slurm.local_cluster with "
+        f"slurmdbd and MariaDB). distlab.slurm: {NO_DBD}. Its cells show what they printed when the book was built, "
+        "labelled as recorded; the rest of the chapter runs.")
 
 
 def test_a_requirement_not_known_is_a_usage_error_naming_the_choices():

@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare"),
 ]
 FOLDERS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-PACKAGES = ("slurm-client", "slurmctld", "slurmd", "slurm-wlm", "munge")
+PACKAGES = ("slurm-client", "slurmctld", "slurmd", "slurm-wlm", "munge", "slurmdbd")
 
 
 def slurm_programs() -> list[str]:
@@ -58,7 +58,7 @@ def test_slurm_is_really_hidden():
 
 def test_chapter_13_reaches_its_last_cell_without_slurm(tmp_path):
     run = run_chapter(without_slurm, "13_slurm_cluster", tmp_path)
-    counts = check(run, {"slurm", "slurm-nodes"})
+    counts = check(run, {"slurm", "slurm-nodes", "slurm-accounting"})
     print(f"13_slurm_cluster without Slurm: {run['seconds']:.1f} s, {counts}")
     assert counts["ran"] == 0 and counts["skipped"] >= 20
     assert run["seconds"] <= budget("13_slurm_cluster")

@@ -96,7 +96,8 @@ def test_record_keeps_the_ends_of_a_long_output_and_refuses_a_run_that_did_not_h
 # --- no NameError cascades ---------------------------------------------------------------------
 
 IMPLIED = {None: {None}, "nodes": {None, "nodes"}, "slurm": {None, "slurm"},
-           "slurm-nodes": {None, "slurm", "nodes", "slurm-nodes"}}   # what holds wherever a cell runs
+           "slurm-nodes": {None, "slurm", "nodes", "slurm-nodes"},   # what holds wherever a cell runs
+           "slurm-accounting": {None, "slurm", "slurm-accounting"}}
 
 
 def names(source: str) -> tuple[set[str], set[str]]:

@@ -44,7 +44,7 @@ def cluster(module_runs_root):
     c.stop()
     assert not [d.name for d in daemons if running(d.pid)], "a daemon outlived LocalCluster.stop()"
     assert c.nodes.closed and not [p for p in holders if running(p)], "the cluster's nodes outlived it"
-    assert not c.folder.exists() and not c.door.exists()
+    assert not c.folder.exists() and not c.door.exists() and not c.db.exists()
     assert os.environ["PATH"] == path, "stop() left the login shims on PATH"
 
 
@@ -95,6 +95,19 @@ def test_sbatch_by_hand_as_the_job_user_runs_a_task_on_each_node(cluster):
     # root's compile cache (set by `import distlab` in this process) is not passed on: the job's import failed
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") and lines[0] == "cache unset"
     assert lines[1:] == [f"task 0 node 0 on node0 as {cluster.user}", f"task 1 node 1 on node1 as {cluster.user}"]
+
+
+def test_sacct_on_the_login_node_has_a_two_node_job(cluster):
+    """slurmdbd runs on node0; sacct typed in the notebook (the login shim) reads a job that ran on both nodes."""
+    job_id = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--output=/dev/null", f"--chdir={cluster.jobs}",
+                             "--wrap", "srun true; exit 2"], capture_output=True, text=True, check=True,
+                            **cluster.as_job_user).stdout.strip()
+    assert cluster.accounted(job_id) == "FAILED"
+    rows = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList"],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    record = {row.split("|")[0]: row.split("|")[1:] for row in rows}
+    assert record[job_id][:2] == ["FAILED", "2:0"], record
+    assert record[f"{job_id}.0"] == ["COMPLETED", "0:0", "node[0-1]"], record  # its srun ran on both nodes
 
 
 def test_a_request_no_node_can_satisfy_is_refused_at_submit(cluster):
@@ -202,18 +215,20 @@ def test_a_killed_kernel_leaves_neither_daemon_nor_node(cluster, tmp_path):
         assert line, "the cluster did not start (its error is in the captured stderr)"
         folder, holders = json.loads(line)
         folder = Path(folder)
-        door = Path((folder / "door").read_text())
+        door, db = Path((folder / "door").read_text()), Path((folder / "db-folder").read_text())
         daemons = json.loads((folder / "daemons.json").read_text())
-        assert sorted(d["name"] for d in daemons) == ["munged", "slurmctld", "slurmd-node0", "slurmd-node1"]
+        assert sorted(d["name"] for d in daemons) == ["mariadbd", "munged", "slurmctld", "slurmd-node0",
+                                                      "slurmd-node1", "slurmdbd"]
     finally:
         owner.kill()  # also when it failed: no process of this test may outlive it
         owner.wait()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (any(running(p) for p in [d["pid"] for d in daemons] + holders)
-                                           or folder.exists() or door.exists()):
+                                           or folder.exists() or door.exists() or db.exists()):
         time.sleep(0.2)
     assert not [d["name"] for d in daemons if running(d["pid"])], "daemons outlived their kernel"
     assert not [p for p in holders if running(p)] and not folder.exists() and not door.exists()
+    assert not db.exists(), "the database folder outlived the kernel"
 
 
 @pytest.mark.parametrize("how", ["torchrun, --signal=USR1@50", "tasks, --signal=B:USR1@50"])

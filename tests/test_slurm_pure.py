@@ -644,3 +644,63 @@ def test_a_new_job_account_never_gets_a_uid_that_owns_leftovers(tmp_path, monkey
     uid = int(argv[0][argv[0].index("--uid") + 1])
     assert uid != orphan and uid not in taken and argv[0][0] == "useradd"
     assert jobuser.fresh_system_uid({999, 998}, 100, 999) == 997
+
+
+def test_a_cluster_with_accounting_sends_its_jobs_to_its_slurmdbd(tmp_path):
+    """Issue #48 item 5: the cluster keeps job accounting (slurmdbd, its own MariaDB) unless told not to."""
+    from distlab.slurm import accounting
+
+    sock = tmp_path / "munge.sock"
+    text = slurmconf.config_text(tmp_path, "vm", 1, 2, "root", 2, 100, sock, dbd=("127.0.0.1", 6819))
+    conf = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    assert conf["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert (conf["AccountingStorageHost"], conf["AccountingStoragePort"]) == ("127.0.0.1", "6819")
+    assert conf["AccountingStoragePass"] == str(sock)  # munge's socket for slurmdbd: not read from AuthInfo
+    assert conf["JobAcctGatherType"] == "jobacct_gather/linux"
+    off = slurmconf.config_text(tmp_path, "vm", 1, 2, "root", 2, 100, sock)
+    assert "AccountingStorageType=accounting_storage/none" in off and "jobacct_gather/none" in off
+    dbd = dict(line.split("=", 1) for line in accounting.dbd_conf_text(tmp_path, sock, 6819, "root").splitlines()
+               if "=" in line and not line.startswith("#"))
+    assert dbd["CommunicationParameters"] == "NoInAddrAny" and dbd["StorageHost"] == "localhost"
+    assert dbd["AuthInfo"] == f"socket={sock}" and "StoragePass" not in dbd  # no password anywhere
+    options = accounting.mariadb_options(tmp_path / "db")
+    assert "--skip-networking" in options and "--no-defaults" == options[0] and "--user=mysql" in options
+    argv = accounting.slurmdbd_argv(tmp_path, tmp_path / "db", rename_host=True)
+    assert argv[:3] == ["unshare", "--uts", "sh"] and argv[-2:] == ["slurmdbd", "-D"]
+    assert f"MYSQL_UNIX_PORT={tmp_path}/db/mysqld.sock" in argv
+    assert accounting.slurmdbd_argv(tmp_path, tmp_path / "db", rename_host=False)[0] == "env"
+    assert accounting.loopback_only(["127.0.1.1"]) and not accounting.loopback_only(["127.0.0.1", "172.17.0.2"])
+    assert not accounting.loopback_only([])
+    boot = accounting.install_argv(tmp_path / "db", "/usr/share/mysql")
+    assert boot[:2] == ["sh", "-c"] and "mysql_system_tables_data.sql" in boot[2] and "fill_help" not in boot[2]
+    assert "| exec mariadbd --no-defaults" in boot[2] and " --bootstrap " in boot[2]
+    assert accounting.install_argv(tmp_path / "db")[0] == "mariadb-install-db"  # no SQL files found: the script
+
+
+def test_daemons_stop_controller_before_database_before_munge():
+    """slurmctld hands slurmdbd what it still holds, slurmdbd needs MariaDB, and every daemon asks munged."""
+    daemons = [cluster.Daemon(name, k, 0.0) for k, name in
+               enumerate(["munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd-node0", "slurmd-node1"])]
+    assert [d.name for d in cluster.stop_order(daemons)] == ["slurmd-node1", "slurmd-node0", "slurmctld", "slurmdbd",
+                                                             "mariadbd", "munged"]
+    shuffled = [daemons[3], daemons[0], daemons[5], daemons[1], daemons[2], daemons[4]]
+    assert [d.name for d in cluster.stop_order(shuffled)][2:] == ["slurmctld", "slurmdbd", "mariadbd", "munged"]
+
+
+def test_accounted_waits_for_the_whole_record(tmp_path):
+    """sacct first has a job's state under a stand-in name (allocation) and its first node; accounted() waits
+    until the name and node list match the controller's, and says what it saw when they never do."""
+    count = tmp_path / "count"
+    count.write_text("0")
+    (tmp_path / "sacct").write_text(f"""#!/bin/sh
+n=$(cat {count}); echo $((n + 1)) > {count}
+if [ "$n" -lt 2 ]; then echo "COMPLETED|allocation|node0"; else echo "COMPLETED|fine|node[0-1]"; fi
+""")
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=fine JobState=COMPLETED NodeList=node[0-1]'\n")
+    for name in ("sacct", "scontrol"):
+        (tmp_path / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    assert cluster.accounted(7, env, timeout=10) == "COMPLETED" and count.read_text().strip() == "3"
+    (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=other JobState=COMPLETED NodeList=x'\n")
+    with pytest.raises(errors.SlurmError, match=r"no whole final record of job 7 after 1 s: COMPLETED\|fine"):
+        cluster.accounted(7, env, timeout=1)

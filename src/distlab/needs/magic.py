@@ -3,6 +3,7 @@
     %%needs nodes          two machines on this one (distlab.Nodes)
     %%needs slurm          a one-machine Slurm cluster (slurm.local_cluster)
     %%needs slurm-nodes    a Slurm cluster of two nodes
+    %%needs slurm-accounting   a Slurm cluster that keeps job accounting (sacct)
 
 Where the requirement holds, the cell's code runs as a plain cell would: in the notebook's namespace,
 its output live, its last expression its value, its exception raised. Where it does not, nothing

@@ -14,10 +14,12 @@ WHAT = {  # requirement -> what a section needs, in words
     "slurm": "a Slurm cluster on this machine (slurm.local_cluster: Slurm's packages and root)",
     "slurm-nodes": "a Slurm cluster of two nodes (slurm.local_cluster on distlab.Nodes: Slurm's packages, root "
                    "and network namespaces)",
+    "slurm-accounting": "a Slurm cluster that keeps job accounting (slurm.local_cluster with slurmdbd and MariaDB)",
 }
 REASON = ("Not run here: this section needs {what}. {problem} Its cells show what they printed when the book was "
           "built, labelled as recorded; the rest of the chapter runs.")
-USAGE = "usage: %%needs nodes | slurm | slurm-nodes  (the first line of a cell; the cell's code follows)"
+USAGE = ("usage: %%needs nodes | slurm | slurm-nodes | slurm-accounting  (the first line of a cell; the cell's "
+         "code follows)")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class Facts:
 
     nodes_problem: str | None
     slurm_problem: str | None
+    accounting_problem: str | None = None  # why the cluster would keep no job accounting (sacct)
 
 
 def parse(line: str) -> str:
@@ -39,8 +42,10 @@ def parse(line: str) -> str:
 def problems(requirement: str, facts: Facts) -> list[str]:
     """What stands in the way of ``requirement``, Slurm's problem first (it says what to install)."""
     found = []
-    if requirement in ("slurm", "slurm-nodes") and facts.slurm_problem:
+    if requirement in ("slurm", "slurm-nodes", "slurm-accounting") and facts.slurm_problem:
         found.append(facts.slurm_problem)
+    if requirement == "slurm-accounting" and facts.accounting_problem and not facts.slurm_problem:
+        found.append(f"distlab.slurm: {facts.accounting_problem}")
     if requirement in ("nodes", "slurm-nodes") and facts.nodes_problem:
         found.append(facts.nodes_problem)
     return found

@@ -9,7 +9,8 @@
   every rank's output live and returns a :class:`SlurmResult` (``join=False``: a :class:`SlurmJob`).
 * :func:`attach` finds a job again by id, from another kernel.
 * :func:`local_cluster` starts munged + slurmctld + slurmd in a private folder (root only; its daemons listen
-  on 127.0.0.1, and its jobs run as its job user, never as root).
+  on 127.0.0.1, and its jobs run as its job user, never as root), and for ``sacct`` slurmdbd with a MariaDB
+  of its own (:mod:`distlab.slurm.accounting`).
 """
 from .cluster import ExistingCluster, LocalCluster, local_cluster
 from .commands import JobState

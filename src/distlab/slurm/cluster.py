@@ -36,6 +36,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -46,6 +47,7 @@ from pathlib import Path
 from distlab.folders.private import PRIVATE_DIR, open_private, private_root, write_private
 from distlab.forkserver import mode as launchmode
 
+from . import accounting as acct
 from . import commands, jobenv, login
 from .errors import SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM, ClusterError
 from .slurmconf import (  # noqa: F401  (re-exported: the cluster's configuration)
@@ -68,6 +70,7 @@ class Daemon:
     name: str
     pid: int
     started: float
+    group: bool = False  # stopped with its whole process group (a script that runs others: mariadb-install-db)
 
     def alive(self) -> bool:
         import psutil
@@ -98,6 +101,8 @@ class LocalCluster:
     nodes: object | None = None  # the distlab.Nodes it runs on (None: this host, 127.0.0.1)
     owns_nodes: bool = False  # made for it: closed when it stops
     _old_path: str | None = None
+    no_accounting: str | None = None  # why sacct answers nothing here (None: slurmdbd keeps every job)
+    db: Path | None = None  # MariaDB's folder (accounting.make_db_folder)
 
     @property
     def conf(self) -> Path:
@@ -175,12 +180,22 @@ class LocalCluster:
 
     def __repr__(self) -> str:
         state = "running" if self.running() else "stopped"
+        if self.no_accounting:  # sacct will say "accounting storage is disabled": here, why
+            state += f", no accounting: {self.no_accounting}"
         if self.nodes is None:
             return f"LocalCluster({state}, partition={self.partition!r}, SLURM_CONF='{self.conf}')"
         # no SLURM_CONF here: from a terminal on the host it would send requests to 10.77.0.1 out of the real
         # network interface; the controller is reached only through this notebook's login shims
         return (f"LocalCluster({state}, nodes={','.join(self.hosts)}, partition={self.partition!r}, "
                 "Slurm commands from this notebook only)")
+
+    def accounted(self, job_id: int | str, timeout: float = 30.0) -> str:
+        """Wait until ``sacct`` has job ``job_id``'s whole final record; its state (:func:`accounted`)."""
+        from .errors import SlurmError
+
+        if self.no_accounting:
+            raise SlurmError(f"this cluster keeps no job accounting: {self.no_accounting}.")
+        return accounted(job_id, self.env, timeout)
 
     def stop(self) -> None:
         """Cancel its jobs, stop its daemons, put SLURM_CONF back. Safe to call twice."""
@@ -219,6 +234,10 @@ class ExistingCluster:
     def running(self) -> bool:
         return True
 
+    def accounted(self, job_id: int | str, timeout: float = 30.0) -> str:
+        """Wait until ``sacct`` has job ``job_id``'s whole final record; its state (:func:`accounted`)."""
+        return accounted(job_id, commands.client_env(), timeout)
+
     def workdir(self, prefix: str = "work-") -> Path:
         """A fresh working folder of yours (a real cluster's jobs run as you)."""
         return Path(tempfile.mkdtemp(prefix=prefix, dir=Path.cwd()))
@@ -227,6 +246,30 @@ class ExistingCluster:
         """Nothing to stop: distlab did not start this cluster."""
 
     close = stop
+
+
+def accounted(job_id: int | str, env: dict, timeout: float = 30.0) -> str:
+    """Wait until ``sacct`` has job ``job_id``'s whole final record, and return its state (``COMPLETED``,
+    ``FAILED``...). The record arrives in parts, after the job has left the queue: first its steps and
+    state, under a stand-in name (``allocation``) and the first node only, then, a second or two later,
+    the job's own name and node list; so it waits until those match the controller's (while it remembers
+    the job: ``MinJobAge``)."""
+    from .errors import SlurmError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State,JobName,NodeList"],
+                              env=env, capture_output=True, text=True)
+        fields = (done.stdout.strip().splitlines() or [""])[0].split("|")
+        state = fields[0].split(" ")[0]
+        if done.returncode == 0 and state and state not in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
+            want = commands.controller_fields(job_id, ("JobName", "NodeList"), env)
+            if want is None or fields[1:] == [want["JobName"], want["NodeList"]]:
+                return state
+        if time.monotonic() > deadline:
+            raise SlurmError(f"sacct has no whole final record of job {job_id} after {timeout:.0f} s: "
+                             f"{(done.stdout + done.stderr).strip() or 'nothing'}")
+        time.sleep(0.2)
 
 
 _CURRENT: LocalCluster | None = None
@@ -246,7 +289,7 @@ def controller_answers(timeout: float = 10) -> bool:
 
 
 def local_cluster(root: Path | None = None, use_existing: bool = True,
-                  user: str | None = None, nodes=None) -> LocalCluster | ExistingCluster:
+                  user: str | None = None, nodes=None, accounting: bool = True) -> LocalCluster | ExistingCluster:
     """A Slurm cluster to submit to: the one that already answers (``use_existing``), this process's
     running one-machine cluster, or a new one (SLURM_CONF then points at it) whose jobs run as ``user``
     (default: ``SUDO_USER``, else the ``distlab-job`` account; never root: see the module docstring).
@@ -259,6 +302,10 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
     cluster, closed when it stops) or nodes you made. The controller then runs on ``node0``, one
     ``slurmd`` on each node, every daemon on the nodes' private network, and Slurm's commands typed
     in the notebook run on ``node0`` as on a login node (:mod:`distlab.slurm.login`).
+
+    ``accounting``: keep every job in a database, so ``sacct`` answers (slurmdbd and a MariaDB of the
+    cluster's own: :mod:`distlab.slurm.accounting`), where this machine can (``cluster.no_accounting`` says
+    why not); False: no accounting (a faster start, one process less).
     """
     global _CURRENT
     wanted = check_nodes_argument(nodes)
@@ -269,10 +316,6 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
         return ExistingCluster(os.environ.get("SLURM_CONF"))
     check_can_start()
     own = isinstance(nodes, int)
-    if own:
-        from distlab.nodes.cluster import Nodes
-
-        nodes = Nodes(nodes)
     name, create = choose_job_user(user, os.environ)
     existed = account_exists(name)
     account = ensure_account(name, create)
@@ -281,12 +324,19 @@ def local_cluster(root: Path | None = None, use_existing: bool = True,
     if not existed:  # made for this cluster: it goes when the cluster stops
         write_private(folder / ACCOUNT_RECORD, name)
     cluster = LocalCluster(folder=folder, user=account.pw_name, _old_conf=os.environ.get("SLURM_CONF"),
-                           nodes=nodes, owns_nodes=own)
+                           owns_nodes=own)
+    cluster.no_accounting = acct.problem(on_nodes=nodes is not None) if accounting else "not asked for"
     try:
+        _prepare(cluster)  # MariaDB's install starts here, and runs while the nodes and munged start
+        if own:
+            from distlab.nodes.cluster import Nodes
+
+            nodes = Nodes(nodes)
+        cluster.nodes = nodes
         _start(cluster)
     except BaseException:
         stop_folder(folder)
-        if own:
+        if own and not isinstance(nodes, int):
             nodes.close()
         raise
     os.environ["SLURM_CONF"] = str(cluster.conf)
@@ -403,22 +453,38 @@ def check_can_start() -> None:
             "Run as root (as CI does, or in a container), or use a real cluster's login node.")
 
 
+def _prepare(cluster: LocalCluster) -> None:
+    """The private folder's parts; with accounting, the database folder and MariaDB's install (half a
+    second or more: it runs while the rest starts)."""
+    for sub in ("run", "state", "log", "munge"):
+        os.mkdir(cluster.folder / sub, PRIVATE_DIR)
+    if not cluster.no_accounting:
+        os.mkdir(cluster.folder / "dbd", PRIVATE_DIR)
+        cluster.db = acct.make_db_folder(cluster.folder, system_tmp())
+        _daemon(cluster, acct.INSTALL, acct.install_argv(cluster.db, acct.sql_dir()), group=True)
+
+
 def _start(cluster: LocalCluster) -> None:
     folder = cluster.folder
-    for sub in ("run", "state", "log", "munge"):
-        os.mkdir(folder / sub, PRIVATE_DIR)
     cluster.door = make_door(folder, pwd.getpwnam(cluster.user), cluster.hosts if cluster.nodes is not None else ())
     jobenv.install(cluster.door, pwd.getpwnam(cluster.user))
     sock = cluster.door / "munge.sock"
     cluster.ports = dict(NODE_PORTS) if cluster.nodes is not None else {"ctld": free_port(), "slurmd": free_port()}
+    if not cluster.no_accounting:
+        cluster.ports["dbd"] = acct.NODE_PORT if cluster.nodes is not None else free_port()
     _write_conf(cluster, sock)
     _run(["mungekey", "--create", "--keyfile", str(folder / "munge" / "munge.key")], folder)
     # --force: munged would refuse a socket folder others may enter; only the job user's group can.
-    cluster.daemons.append(_daemon(cluster, "munged", [
+    _daemon(cluster, "munged", [
         "munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={folder}/munge/munge.key",
         f"--log-file={folder}/log/munged.log", f"--pid-file={folder}/run/munged.pid",
-        f"--seed-file={folder}/munge/seed"]))
+        f"--seed-file={folder}/munge/seed"])
     _wait(lambda: sock.exists(), "munged did not create its socket", folder / "log" / "munged.stdout")
+    if cluster.nodes is not None:  # Slurm's commands run on node0, as on a login node (slurmdbd's first)
+        login.write_shims(cluster.folder, login.door(cluster.nodes.namespaces_of(0)), cluster.nodes.hosts[0])
+        cluster.nodes.on_close(cluster.stop)  # a cluster whose nodes close stops with them: its shims leave PATH
+    if not cluster.no_accounting:  # before slurmctld: without the database or its state files, it exits
+        _start_accounting(cluster, sock)
     if cluster.nodes is not None:
         _start_on_nodes(cluster)
     else:
@@ -426,6 +492,35 @@ def _start(cluster: LocalCluster) -> None:
     with open_private(folder / "log" / "watchdog.log", "ab") as log:
         cluster.watchdog = subprocess.Popen(watchdog_argv(os.getpid(), _own_start_time(), folder),
                                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+
+def _start_accounting(cluster: LocalCluster, sock: Path) -> None:
+    """Once MariaDB's install has ended: MariaDB, then slurmdbd (on node0 when on nodes), ready when they
+    answer (:mod:`distlab.slurm.accounting`)."""
+    folder, db = cluster.folder, cluster.db
+    install = next(d for d in cluster.daemons if d.name == acct.INSTALL)
+    _wait(lambda: not install.alive(), "MariaDB's install did not end", folder / "log" / f"{acct.INSTALL}.stdout")
+    _forget(cluster, install)
+    if not (db / "data" / "mysql").is_dir():
+        raise ClusterError("MariaDB's install failed", "Its output ends:\n" + "\n".join(
+            _tail(folder / "log" / f"{acct.INSTALL}.stdout")))
+    maria = _daemon(cluster, "mariadbd", acct.mariadbd_argv(db))
+    if not _wait(lambda: acct.socket_answers(db), "MariaDB did not answer", db / "mariadbd.log",
+                 alive=maria.alive):
+        raise ClusterError("MariaDB did not answer: it exited",
+                           "Its log ends:\n" + "\n".join(_tail(db / "mariadbd.log")))
+    ready = lambda: _ok(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], cluster.env, b"")  # noqa: E731
+    if cluster.nodes is not None:
+        argv = cluster.nodes.command(0, acct.slurmdbd_argv(folder, db, rename_host=False))
+        d = _daemon(cluster, "slurmdbd", argv)
+        if not _wait(ready, "slurmdbd did not answer", folder / "log" / "slurmdbd.log",
+                     alive=d.alive):
+            raise ClusterError("slurmdbd did not answer: it exited",
+                               "Its log ends:\n" + "\n".join(_tail(folder / "log" / "slurmdbd.log")))
+        return
+    rename = not acct.loopback_only(acct.host_addresses())
+    _start_on_a_free_port(cluster, sock, "slurmdbd", acct.slurmdbd_argv(folder, db, rename), "dbd", ready,
+                          "slurmdbd did not answer")
 
 
 def _start_on_this_host(cluster: LocalCluster, sock: Path) -> None:
@@ -445,18 +540,14 @@ def _start_on_nodes(cluster: LocalCluster) -> None:
     """slurmctld on node0, one slurmd per node (``-N`` its node name), Slurm's commands through the
     login shims (:mod:`distlab.slurm.login`); ready when every node is idle."""
     nodes = cluster.nodes
-    login.write_shims(cluster.folder, login.door(nodes.namespaces_of(0)), nodes.hosts[0])
-    nodes.on_close(cluster.stop)  # a cluster whose nodes close stops with them: its shims leave PATH
     log = cluster.folder / "log"
     ctld = _daemon(cluster, "slurmctld", nodes.command(0, ["slurmctld", "-D", "-i"]))
-    cluster.daemons.append(ctld)
     if not _wait(lambda: _ok(["scontrol", "ping"], cluster.env, b"UP"), "slurmctld did not answer",
                  log / "slurmctld.log", alive=ctld.alive):
         raise ClusterError("slurmctld did not answer: it exited",
                            "Its log ends:\n" + "\n".join(_tail(log / "slurmctld.log")))
     for k, host in enumerate(nodes.hosts):
-        d = _daemon(cluster, f"slurmd-{host}", nodes.command(k, ["slurmd", "-D", "-N", host]))
-        cluster.daemons.append(d)
+        _daemon(cluster, f"slurmd-{host}", nodes.command(k, ["slurmd", "-D", "-N", host]))
     every = [d for d in cluster.daemons if d.name.startswith("slurmd-")]
     _wait(lambda: _all_idle(cluster.env, len(nodes.hosts)), "the nodes did not all become idle",
           log / f"slurmd-{nodes.hosts[-1]}.log", alive=lambda: all(d.alive() for d in every))
@@ -517,17 +608,25 @@ PORT_TRIES = 4
 
 
 def _write_conf(cluster: LocalCluster, sock: Path) -> None:
-    """The slurm.conf in the door: 0640, root and the job user's group (its srun reads it)."""
+    """The slurm.conf in the door: 0640, root and the job user's group (its srun reads it); with accounting,
+    slurmdbd.conf in the private folder (0600: slurmdbd refuses it otherwise)."""
     cpus, memory = node_resources()
     user = pwd.getpwuid(os.geteuid()).pw_name
     nodes = None
     if cluster.nodes is not None:  # every node has the machine's cores; its memory is shared among them
         nodes = list(zip(cluster.nodes.hosts, cluster.nodes.addresses, strict=True))
         memory //= len(nodes)
+    dbd = None
+    if "dbd" in cluster.ports:  # slurmdbd on the address its host's name resolves to (node0's, or loopback)
+        where = nodes[0][1] if nodes else ("127.0.0.1" if not acct.loopback_only(acct.host_addresses())
+                                           else acct.host_addresses()[0])
+        dbd = (where, cluster.ports["dbd"])
+        write_private(cluster.folder / "dbd" / "slurmdbd.conf",
+                      acct.dbd_conf_text(cluster.folder, sock, cluster.ports["dbd"], user))
     write_private(cluster.conf, config_text(cluster.folder, socket.gethostname().split(".")[0],
                                             cluster.ports["ctld"], cluster.ports["slurmd"], user, cpus, memory, sock,
                                             spool=cluster.door / "spool", nodes=nodes,
-                                            task_prolog=cluster.door / jobenv.PROLOG))
+                                            task_prolog=cluster.door / jobenv.PROLOG, dbd=dbd))
     os.chown(cluster.conf, 0, os.stat(cluster.door).st_gid)
     os.chmod(cluster.conf, 0o640)
 
@@ -540,11 +639,9 @@ def _start_on_a_free_port(cluster: LocalCluster, sock: Path, name: str, argv: li
     log = cluster.folder / "log" / f"{name}.log"
     for _ in range(PORT_TRIES):
         d = _daemon(cluster, name, argv)
-        cluster.daemons.append(d)
         if _wait(ready, problem, log, alive=d.alive):
             return
-        cluster.daemons.remove(d)
-        _save(cluster.folder, cluster.daemons)
+        _forget(cluster, d)
         if not lost_its_port(_tail(log) + _tail(cluster.folder / "log" / f"{name}.stdout")):
             break
         cluster.ports[port] = free_port()
@@ -572,15 +669,25 @@ def _own_start_time() -> float:
     return psutil.Process().create_time()
 
 
-def _daemon(cluster: LocalCluster, name: str, argv: list[str]) -> Daemon:
+
+
+def _daemon(cluster: LocalCluster, name: str, argv: list[str], group: bool = False) -> Daemon:
+    """Start a daemon and add it to the cluster's list and its ``daemons.json`` at once (the watchdog
+    reads that file)."""
     import psutil
 
     with open_private(cluster.folder / "log" / f"{name}.stdout", "ab") as log:
         p = subprocess.Popen(argv, env=cluster.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                              start_new_session=True, cwd=cluster.folder)
-    d = Daemon(name, p.pid, psutil.Process(p.pid).create_time())
-    _save(cluster.folder, cluster.daemons + [d])
+    d = Daemon(name, p.pid, psutil.Process(p.pid).create_time(), group)
+    cluster.daemons.append(d)
+    _save(cluster.folder, cluster.daemons)
     return d
+
+
+def _forget(cluster: LocalCluster, d: Daemon) -> None:
+    cluster.daemons.remove(d)
+    _save(cluster.folder, cluster.daemons)
 
 
 def _save(folder: Path, daemons: list[Daemon]) -> None:
@@ -633,10 +740,13 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
         env["PATH"] = login.with_bin_first(env, Path(folder) / "bin")
     if any(d.name == "slurmctld" and d.alive() for d in daemons):
         _cancel_all(env, grace_s)
-    for d in reversed(daemons):
+    for d in stop_order(daemons):
         if not d.alive():
             continue
         p = psutil.Process(d.pid)
+        if d.group:  # its own session (start_new_session): the script and what it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(d.pid, signal.SIGTERM)
         p.terminate()
         try:
             p.wait(grace_s)
@@ -652,10 +762,26 @@ def stop_folder(folder: Path, grace_s: float = 10.0) -> None:
         if door.name.startswith("distlab-slurm-") and os.stat(door).st_uid == 0:
             keep_work(Path(folder), door)
             shutil.rmtree(door, ignore_errors=True)  # the jobs' run folders go with it
+    acct.remove_db_folder(Path(folder))
     made = Path(folder) / ACCOUNT_RECORD
     if made.exists():
         remove_account(made.read_text().strip())
     shutil.rmtree(folder, ignore_errors=True)  # nothing left running: the folder goes too
+
+
+#: who stops first: the nodes' daemons, the controller (it hands slurmdbd what it still holds), slurmdbd,
+#: MariaDB, munged (which every other one asks until it ends)
+#: (by the name before any ``-``: ``slurmd-node1``, ``mariadb-install-db``)
+STOP_FIRST = ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "mariadb", "munged")
+
+
+def stop_order(daemons: list[Daemon]) -> list[Daemon]:
+    """``daemons`` in the order to stop them: by :data:`STOP_FIRST`, newest first among equals. Pure."""
+    def rank(d: Daemon) -> int:
+        kind = d.name.split("-")[0]
+        return STOP_FIRST.index(kind) if kind in STOP_FIRST else len(STOP_FIRST)
+
+    return sorted(reversed(daemons), key=rank)
 
 
 WORK_RECORD = "workdirs"  # in the private folder: the names of the work folders workdir() made in jobs/

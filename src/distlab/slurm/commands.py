@@ -138,6 +138,18 @@ def controller_view(job_id: int) -> JobState | None:
                     fields.get("ExitCode", ""))
 
 
+def controller_fields(job_id: int | str, keys, env: dict) -> dict[str, str] | None:
+    """``keys`` of ``scontrol show job -o`` (with ``env``: the cluster's), while the controller remembers the
+    job; None once it forgot it (or does not answer)."""
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], env=env, capture_output=True, text=True,
+                              timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
+    fields = parse_scontrol(done.stdout) if done.returncode == 0 else {}
+    return {k: fields[k] for k in keys} if all(k in fields for k in keys) else None
+
+
 def in_queue(job_id: int) -> bool:
     """Still pending, running or completing (what a plain ``squeue`` lists)."""
     done = run(["squeue", "-h", "-j", str(job_id), "-o", "%i"], check=False)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: the Slurm commands a learner or distlab runs from the login node
-COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun", "salloc", "sacct", "sstat", "sattach",
-            "sprio", "sshare", "strigger")
+COMMANDS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun", "salloc", "sacct", "sacctmgr", "sstat",
+            "sattach", "sprio", "sshare", "strigger")
 #: environment variable naming the user a shim runs its command as (set by ``as_job_user``)
 AS_USER = "DISTLAB_SLURM_AS"
 

@@ -42,9 +42,7 @@ AuthInfo=socket={socket},cred_expire=5
 # no cgroups: plain Linux process tracking, no CPU binding (works in containers)
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}JobCompType=jobcomp/none
 # a request no node can satisfy (more CPUs or memory than a node has) is refused at submit, not left pending
 EnforcePartLimits=ALL
 SelectType=select/cons_tres
@@ -65,6 +63,23 @@ SlurmctldLogFile={folder}/log/slurmctld.log
 SlurmdLogFile={folder}/log/slurmd{per_node}.log
 {task_prolog}{node_lines}
 PartitionName={partition} Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+NO_ACCOUNTING = """# no job accounting: sacct answers "Slurm accounting storage is disabled"
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+"""
+ACCOUNTING = """# job accounting: slurmctld sends every job's record to slurmdbd (queued while slurmdbd is not up),
+# which keeps them in this cluster's own MariaDB; each task's memory and CPU time read from /proc (no cgroups)
+JobAcctGatherType=jobacct_gather/linux
+# every second (default 30 s): a step of a few seconds still gets its MaxRSS
+JobAcctGatherFrequency=task=1
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost={host}
+AccountingStoragePort={port}
+# for slurmdbd, Slurm takes munge's socket from here, not from AuthInfo
+AccountingStoragePass={socket}
 """
 
 
@@ -97,20 +112,22 @@ def node_resources() -> tuple[int, int]:
 def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user: str,
                 cpus: int, memory_mb: int, socket_path: Path, partition: str = PARTITION,
                 spool: Path | None = None, nodes: list[tuple[str, str]] | None = None,
-                task_prolog: Path | None = None) -> str:
+                task_prolog: Path | None = None, dbd: tuple[str, int] | None = None) -> str:
     """The cluster's slurm.conf (pure: tests read it).
 
     ``nodes``: (name, address) of each node when the cluster runs on :class:`distlab.Nodes` (the
     controller on the first, one slurmd on each, every daemon bound to its node's private address);
     None: one node, this host, everything on 127.0.0.1. ``task_prolog``: the script every task's environment
-    comes from (:mod:`distlab.slurm.jobenv`: the notebook's Python and torchrun on PATH, a private TMPDIR)."""
+    comes from (:mod:`distlab.slurm.jobenv`: the notebook's Python and torchrun on PATH, a private TMPDIR).
+    ``dbd``: (address, port) of the cluster's slurmdbd (:mod:`distlab.slurm.accounting`); None: no accounting."""
     hosts = nodes or [(host, "127.0.0.1")]
     node_lines = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN"
                            for name, addr in hosts)
     what = f"{len(hosts)} nodes, each a network namespace of distlab.Nodes" if nodes else "one node, this host"
     prolog = (f"# every task (a batch script's too) gets the notebook's python and torchrun on PATH, its own TMPDIR\n"
               f"TaskProlog={task_prolog}\n") if task_prolog else ""
-    return CONF.format(task_prolog=prolog, folder=folder,
+    accounting = ACCOUNTING.format(host=dbd[0], port=dbd[1], socket=socket_path) if dbd else NO_ACCOUNTING
+    return CONF.format(task_prolog=prolog, folder=folder, accounting=accounting,
                        spool=spool or folder / "spool", ctld_host=hosts[0][0], ctld_addr=hosts[0][1],
                        bind="its node's private address" if nodes else "127.0.0.1", what=what,
                        per_node="-%n" if nodes else "", spool_node="/%n" if nodes else "", node_lines=node_lines,
