@@ -62,15 +62,16 @@ def ruff() -> str:
 
 
 def split_magic(source: str) -> tuple[str, str] | None:
-    """``(magic line with its newline, body)`` when the body is Python; ``("", source)`` for a plain cell;
-    None for a cell magic whose body is another language."""
-    if not source.startswith("%%"):
-        return "", source
-    first, _, body = source.partition("\n")
-    name = first.split()[0]
-    if name not in PYTHON_BODY or (name == "%%writefile" and not first.rstrip().endswith(".py")):
-        return None
-    return first + "\n", body
+    """``(magic lines with their newlines, body)`` when the body is Python; ``("", source)`` for a plain
+    cell; None when any of the cell's stacked magics has a body in another language."""
+    magics, body = "", source
+    while body.startswith("%%"):  # stacked: ``%%needs nodes`` then ``%%writefile x.sbatch``
+        first, _, body = body.partition("\n")
+        name = first.split()[0]
+        if name not in PYTHON_BODY or (name == "%%writefile" and not first.rstrip().endswith(".py")):
+            return None
+        magics += first + "\n"
+    return magics, body
 
 
 def format_cells(sources: list[str]) -> list[str]:

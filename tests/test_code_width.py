@@ -84,6 +84,15 @@ def test_cell_magics_keep_their_line_and_other_languages_are_left_alone():
     assert fitted[4] == "%%needs nodes\nres = distlab.spawn(f, nprocs=1, nodes=nodes)"
 
 
+def test_stacked_magics_are_fitted_only_when_every_body_is_python():
+    sbatch = ("%%needs slurm-nodes\n%%writefile job.sbatch\n#!/bin/bash\n"
+              "#SBATCH --nodes=2                      # two machines, and a comment long enough to wrap it\n")
+    script = "%%needs slurm-nodes\n%%writefile job.py\nx=1\n"
+    fitted = fit_code.fit_sources([sbatch, script])
+    assert fitted[0] == sbatch  # a #SBATCH line is a directive, never a comment to reflow
+    assert fitted[1] == "%%needs slurm-nodes\n%%writefile job.py\nx = 1"
+
+
 def test_fitting_is_idempotent_and_keeps_the_program():
     cell = ("def f(a, b):\n    \"\"\"" + "A docstring that says a great deal about what f does. " * 2 + "\"\"\"\n"
             "    return {'sum': a + b, 'difference': a - b, 'product': a * b}  # " + "every result " * 3)
