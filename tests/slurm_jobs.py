@@ -43,7 +43,9 @@ WARNED = '''"""A job that checkpoints when warned before its time limit (--signa
 
 Each rank keeps its own state (no torch: the test is about Slurm). On SIGUSR1 (the warning) or SIGTERM, a
 rank saves at the next step and exits; after the warning rank 0 also asks Slurm to requeue the job.
-A new attempt resumes from each rank's checkpoint."""
+A new attempt resumes from each rank's checkpoint. A rank that has finished saves too: a warning that comes
+after it finished but before its job ended (the controller's, late in an attempt) requeues the job, and the next
+attempt must not train its steps again."""
 import json, os, signal, subprocess, sys, time
 
 import distlab
@@ -60,11 +62,15 @@ if os.path.exists(ckpt):
     state = json.load(open(ckpt))
     step, weights = state["step"], state["weights"]
     print(f"resumed at step {step}", flush=True)
+def save():
+    with open(ckpt + ".tmp", "w") as f:
+        json.dump({"step": step, "weights": weights}, f)
+    os.replace(ckpt + ".tmp", ckpt)
+
+
 while step < STEPS:
     if why:
-        with open(ckpt + ".tmp", "w") as f:
-            json.dump({"step": step, "weights": weights}, f)
-        os.replace(ckpt + ".tmp", ckpt)
+        save()
         print(f"{why[0]}: checkpoint at step {step}", flush=True)
         if rank == 0 and why[0] == "warning":
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
@@ -74,6 +80,7 @@ while step < STEPS:
     weights = [w * 0.9 + 0.01 * step for w in weights]
     distlab.report(step=step, attempt=attempt)
     time.sleep(0.1)
+save()
 print("final", json.dumps(weights), flush=True)
 '''
 

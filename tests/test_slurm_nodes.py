@@ -257,7 +257,8 @@ def test_the_time_limit_warning_checkpoints_requeues_and_resumes_on_two_nodes(cl
             by_attempt.setdefault(row["attempt"], []).append(row["step"])
         # An attempt whose warning came before its first step (a loaded machine: Slurm's warning is due 10 s into
         # each attempt, and starting may take longer) checkpoints at once and logs no step; it is held, not lost
-        # (distlab.worker.release_on_handler). Every attempt that logged steps takes up where the last stopped.
+        # (distlab.worker.release_on_handler); so does one that found its rank finished (a late warning requeued the
+        # job after that rank's last step). Every attempt that logged steps takes up where the last stopped.
         attempts = sorted(by_attempt)
         assert by_attempt[attempts[0]][0] == 1 and max(attempts) < res.attempts  # from the start; no attempt twice
         for a, b in zip(attempts, attempts[1:], strict=False):  # each attempt takes up where the last stopped
