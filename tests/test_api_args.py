@@ -3,6 +3,7 @@
 No processes: ``engine.execute`` is replaced by a recorder, so a test sees the plan that would run.
 """
 import functools
+import warnings
 
 import pytest
 import torch
@@ -89,11 +90,22 @@ def test_run_script_refuses_a_missing_file(no_launch, tmp_path):
 
 
 def test_run_script_hands_checked_arguments_to_the_engine(no_launch, tmp_path):
-    assert distlab.run_script(_script(tmp_path), nproc_per_node=2, args=["--epochs", 2], view=None,
-                              max_restarts=1, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400") == "launched"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same call on every machine, as chapter 7 teaches: nothing to warn of
+        assert distlab.run_script(_script(tmp_path), nproc_per_node=2, args=["--epochs", 2], view=None,
+                                  max_restarts=1, nnodes=2, rdzv_endpoint="10.0.0.1:29400") == "launched"
     plan = no_launch[0][0]
     assert (plan.nproc, plan.target_args, plan.max_restarts) == (2, ["--epochs", "2"], 1)
-    assert (plan.nnodes, plan.node_rank, plan.rdzv_endpoint) == (2, 1, "10.0.0.1:29400")
+    assert (plan.nnodes, plan.node_rank, plan.rdzv_endpoint) == (2, 0, "10.0.0.1:29400")
+
+
+def test_run_script_warns_that_c10d_ignores_a_node_rank(no_launch, tmp_path):
+    """torchrun passes --node-rank to every rendezvous and only the static one reads it; c10d numbers the
+    machines by sorting them. run_script passes it on the same way, and says so where it is given."""
+    with pytest.warns(UserWarning, match=r"node_rank=1: the c10d rendezvous ignores it, .* by sorting them") as seen:
+        distlab.run_script(_script(tmp_path), nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29400", view=None)
+    assert seen[0].filename == __file__  # it points at the learner's call, not at distlab
+    assert no_launch[0][0].node_rank == 1
 
 
 def test_nccl_is_accepted_when_every_rank_has_a_gpu(no_launch, gpus):

@@ -177,7 +177,7 @@ import sys, time
 import torch, distlab
 start = time.time()
 try:
-    distlab.run_script(sys.argv[1], nproc_per_node=1, nnodes=2, node_rank=0, rdzv_endpoint=sys.argv[2],
+    distlab.run_script(sys.argv[1], nproc_per_node=1, nnodes=2, rdzv_endpoint=sys.argv[2],
                        timeout=5, view=None)
 except distlab.WorkerTimeoutError as e:
     print(f"TIMEOUT after {time.time() - start:.1f} s:", e, flush=True)

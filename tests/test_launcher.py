@@ -230,8 +230,8 @@ dist.destroy_process_group()
 """
 TWO_NODE_DRIVER = """import os, sys, distlab
 os.environ.update(KERNEL_PID=str(os.getpid()), RDZV_PORT=sys.argv[3].rsplit(":", 1)[1])
-res = distlab.run_script(sys.argv[1], nproc_per_node=1, nnodes=2, node_rank=int(sys.argv[2]),
-                         rdzv_endpoint=sys.argv[3], view=None, timeout=90)
+res = distlab.run_script(sys.argv[1], nproc_per_node=1, nnodes=2, rdzv_endpoint=sys.argv[3], view=None,
+                         timeout=90)  # the same call on each machine (argv[2], the machine, is for the reader)
 print("LOGS", res.logs)
 """
 

@@ -78,14 +78,17 @@ def launch(fn, world_size: int, args: tuple = (), backend: str = "auto", *, join
 
 
 def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun", timeout: float | None = None,
-               view="auto", max_restarts: int = 0, nnodes: int = 1, node_rank: int = 0,
+               view="auto", max_restarts: int = 0, nnodes: int = 1, node_rank: int | None = None,
                rdzv_endpoint: str = "", rdzv_id: str = "distlab") -> RunResult:
     """Run a file as a terminal user would.
 
     ``mode="torchrun"``: like ``torchrun --nproc-per-node N path args`` (RANK etc. set per rank).
     ``mode="python"``: like ``python path args``: one process; the script starts its own ranks.
-    ``nnodes > 1``: this machine is node ``node_rank`` of a c10d rendezvous at ``rdzv_endpoint``
-    (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``). torch's c10d
+    ``nnodes > 1``: this machine is one node of a c10d rendezvous at ``rdzv_endpoint``
+    (``torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint E --rdzv-id ID``), the same call on
+    every machine. c10d numbers the machines itself, by sorting them (chapter 7): ``node_rank``,
+    torchrun's ``--node-rank``, is checked and passed on as torchrun passes it, and c10d ignores it,
+    so giving it warns (torchrun logs the same). torch's c10d
     rendezvous unpickles what it reads from its store, so whoever can reach ``rdzv_endpoint`` can
     run code as you in the agent process: distlab runs that agent in a child process, never in
     the notebook's kernel, but use multi-node runs only on a network whose machines you trust.
@@ -103,7 +106,7 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
         raise LaunchArgumentError("nproc_per_node", nproc,
                                   'must be 1 with mode="python" (the script starts its own ranks)')
     target_args, timeout = config.check_script_args(args), config.check_timeout(timeout)
-    node_rank = config.check_node_rank(node_rank, nnodes)
+    node_rank = 0 if node_rank is None else config.check_node_rank(node_rank, nnodes, warn=True)
     rdzv_endpoint = config.check_rdzv_endpoint(rdzv_endpoint, nnodes)
     view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
     check_torch()
