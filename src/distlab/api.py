@@ -6,6 +6,7 @@ an :class:`~distlab.launch.engine.Plan` to the one engine.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -106,14 +107,16 @@ def run_script(path, nproc_per_node: int = 1, args=(), *, mode: str = "torchrun"
         raise LaunchArgumentError("nproc_per_node", nproc,
                                   'must be 1 with mode="python" (the script starts its own ranks)')
     target_args, timeout = config.check_script_args(args), config.check_timeout(timeout)
-    node_rank = 0 if node_rank is None else config.check_node_rank(node_rank, nnodes, warn=True)
+    node_rank = None if node_rank is None else config.check_node_rank(node_rank, nnodes)
     rdzv_endpoint = config.check_rdzv_endpoint(rdzv_endpoint, nnodes)
     view, max_restarts = config.check_view(view), config.check_max_restarts(max_restarts)
+    if node_rank is not None:  # every argument is valid: nobody should rely on a numbering they will not get
+        warnings.warn(config.NODE_RANK_IGNORED.format(node_rank=node_rank), UserWarning, stacklevel=2)
     check_torch()
     plan = engine.Plan(
         run_dir=engine.new_run_dir(path.stem), target=path.resolve(), nproc=nproc,
         target_args=target_args, timeout=timeout,
-        max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts, nnodes=nnodes, node_rank=node_rank or 0, rdzv_endpoint=rdzv_endpoint,
         plain_python=mode == "python", rdzv_id=rdzv_id,
     )
     names = {0: path.name} if mode == "python" else None  # one process and its own ranks: not "rank0"

@@ -10,7 +10,6 @@ import inspect
 import numbers
 import os
 import re
-import warnings
 
 from distlab.errors import LaunchArgumentError
 
@@ -165,20 +164,16 @@ def check_nodes(nodes):
     return nodes
 
 
+# run_script passes a node_rank on as torchrun passes --node-rank; only torch's static rendezvous reads it
 NODE_RANK_IGNORED = ("node_rank={node_rank}: the c10d rendezvous ignores it, as it ignores torchrun's --node-rank: "
                      "torch numbers the machines itself, by sorting them (chapter 7). Leave node_rank out.")
 
 
-def check_node_rank(node_rank, nnodes: int, warn: bool = False) -> int:
-    """A machine's number, checked; with ``warn``, a ``UserWarning`` that the c10d rendezvous will
-    not use it (``run_script`` passes it on as ``torchrun --node-rank`` does, and only torch's
-    static rendezvous reads it), so nobody relies on a node numbering they did not get."""
+def check_node_rank(node_rank, nnodes: int) -> int:
     node_rank = check_non_negative_int("node_rank", node_rank, "node_rank=0 on the first machine")
     if node_rank >= nnodes:
         raise LaunchArgumentError("node_rank", node_rank, f"must be below nnodes={nnodes}",
                                   "Number the machines 0 to nnodes - 1, one number each.")
-    if warn:
-        warnings.warn(NODE_RANK_IGNORED.format(node_rank=node_rank), UserWarning, stacklevel=3)
     return node_rank
 
 
