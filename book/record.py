@@ -23,7 +23,7 @@ from pathlib import Path
 import nbformat
 
 from distlab.needs import recorded
-from distlab.needs.verdict import REASON
+from distlab.needs.verdict import START
 
 BOOK = Path(__file__).resolve().parent
 REPO = BOOK.parent
@@ -90,7 +90,7 @@ def check_ran(cell, index: int, chapter: str) -> None:
     problem = None
     if any(o["output_type"] == "error" for o in cell.get("outputs", [])):
         problem = "it raised"
-    elif REASON.split(":")[0] in text:
+    elif START.split(":")[0] in text:
         problem = "it was not run (this machine cannot run its section)"
     elif "Traceback (most recent call last)" in text and "prints-traceback" not in cell.metadata.get("tags", []):
         problem = "it printed a traceback"

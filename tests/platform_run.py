@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = ("import json, sys; sys.path.insert(0, sys.argv[3]); from pathlib import Path; from nbrun import execute; "
           "ex = execute(Path(sys.argv[1]), Path(sys.argv[2])); "
           "print('RESULT ' + json.dumps({'seconds': ex.seconds, 'error': ex.error}))")
-REASON_START = verdict.REASON.split("{")[0]          # "Not run here: this section needs "
+REASON_START = verdict.START                          # "Not run here: " (the full line and the short)
 LABEL_START = recorded.LABEL.split("(")[0]           # "Recorded when the book was built "
 
 
@@ -56,6 +56,7 @@ def check(run: dict, skipped: set[str]) -> dict[str, int]:
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in code), "a code cell did not run"
     counts = {"skipped": 0, "ran": 0, "reasons": 0}
+    full_lines = []
     previous = None
     for cell in code:
         got = recorded.split(cell.source)
@@ -65,7 +66,11 @@ def check(run: dict, skipped: set[str]) -> dict[str, int]:
             outputs = cell.outputs
             if previous != got[0]:                   # the first cell of a section says why, in one line
                 why = outputs[0].get("data", {}).get("text/plain", "")
-                assert why.startswith(REASON_START + verdict.WHAT[got[0]]) and "\n" not in why, why[:300]
+                assert why.startswith(verdict.START.split(":")[0]) and "\n" not in why, why[:300]
+                lead = why.split(recorded.DETAIL)[0]   # what a notebook user reads first: no operator's flags
+                assert "--privileged" not in lead and "CAP_SYS_ADMIN" not in lead and len(lead) < 400, lead
+                if why.startswith(verdict.START):
+                    full_lines.append(lead)
                 counts["reasons"] += 1
                 outputs = outputs[1:]
             shown = recorded.find(*got)
@@ -76,6 +81,7 @@ def check(run: dict, skipped: set[str]) -> dict[str, int]:
             text = text_of(cell.outputs)
             assert REASON_START not in text and LABEL_START not in text, cell.source[:200]   # a real run
         previous = got[0] if got and got[0] in skipped else None
+    assert len(full_lines) == len(set(full_lines)), full_lines   # the full line once per chapter, then short
     assert not run["added"], f"files written into the book's folder: {sorted(run['added'])}"
     return counts
 

@@ -40,17 +40,33 @@ def test_what_holds_in_each_setting(facts, holds):
     assert {r for r in verdict.WHAT if verdict.verdict(r, facts) is None} == holds
 
 
-def test_the_line_says_what_the_section_needs_why_not_and_what_would_allow_it():
-    line = verdict.verdict("slurm-nodes", Facts(CONTAINER, NO_SLURM))
-    assert line == ("Not run here: this section needs a Slurm cluster of two nodes (slurm.local_cluster on "
-                    "distlab.Nodes: Slurm's packages, root and network namespaces). " + NO_SLURM + " " + CONTAINER
-                    + " Its cells show what they printed when the book was built, labelled as recorded; the rest "
-                    "of the chapter runs.")
-    assert "\n" not in verdict.verdict("nodes", Facts("a\nb", None))   # one line, whatever the error's layout
-    assert verdict.verdict("slurm-accounting", Facts(None, None, NO_DBD)) == (
-        "Not run here: this section needs a Slurm cluster that keeps job accounting (slurm.local_cluster with "
-        f"slurmdbd and MariaDB). distlab.slurm: {NO_DBD}. Its cells show what they printed when the book was built, "
-        "labelled as recorded; the rest of the chapter runs.")
+def test_the_line_leads_with_what_this_platform_refuses_and_where_the_section_runs_live():
+    why = verdict.verdict("slurm-nodes", Facts(CONTAINER, NO_SLURM))
+    assert why.full == ("Not run here: Slurm is not installed here; and this platform does not allow network "
+                        "namespaces, which this section's machines are made of. This section runs live as root on a "
+                        "Linux machine or VM with Slurm's packages installed; below, each cell shows what it printed "
+                        "when the book was built.")
+    assert why.cause == NO_SLURM + " " + CONTAINER           # the technical cause, kept apart
+    assert why.short == ("Not run here, as said above: " + why.plain + ". Each cell shows what it printed when the "
+                         "book was built.")
+    container = verdict.verdict("nodes", Facts(CONTAINER, None))
+    # a Kaggle or Colab learner cannot act on Docker's flags: they stay out of the lines a learner reads first
+    assert "--privileged" not in container.full + container.short and len(container.full) < 300
+    assert "Debian, Fedora, Arch" in container.full                           # where it runs live
+    assert "\n" not in verdict.verdict("nodes", Facts("a\nb", None)).cause   # one line, whatever the error's layout
+    accounting = verdict.verdict("slurm-accounting", Facts(None, None, NO_DBD))
+    assert accounting.plain == "Slurm's job accounting (slurmdbd and MariaDB) is not installed here"
+    assert accounting.cause == f"distlab.slurm: {NO_DBD}."
+    assert verdict.verdict("slurm", Facts(None, NOT_ROOT)).plain.startswith("a Slurm cluster needs root")
+
+
+def test_a_chapter_gives_the_full_line_once_and_again_only_in_the_same_cell():
+    why = verdict.verdict("nodes", Facts(CONTAINER, None))
+    explained = {}
+    assert magic.in_full(why, "cell a", explained)
+    assert not magic.in_full(why, "cell b", explained)     # a later section: the short form
+    assert magic.in_full(why, "cell a", explained)         # Run All again: its first section in full again
+    assert magic.in_full(verdict.verdict("slurm", Facts(None, NO_SLURM)), "cell b", explained)   # another reason
 
 
 def test_a_requirement_not_known_is_a_usage_error_naming_the_choices():
@@ -103,6 +119,7 @@ def shell(tmp_path, monkeypatch):
     monkeypatch.setattr(recorded, "FOLDER", folder)
     monkeypatch.setattr(recorded.find, "__defaults__", (folder,))
     recorded.everything.cache_clear()
+    monkeypatch.setattr(magic, "_EXPLAINED", {})               # each test a fresh chapter
     saved = probe._FACTS
     ip.run_cell("%load_ext distlab.needs")
     yield ip
@@ -151,11 +168,16 @@ def test_where_it_does_not_hold_nothing_runs_and_the_recording_shows(shell, caps
     result = run(shell, "%%needs nodes\n" + body)
     out = capsys.readouterr().out
     assert result.success and "made" not in shell.user_ns and not (tmp_path / "made.txt").exists()
-    assert out.count("Not run here: this section needs two machines") == 1 and CONTAINER in out
+    assert out.count("Not run here: this platform does not allow network namespaces") == 1
+    assert f"{recorded.DETAIL}: {CONTAINER}" in out                       # the cause, after the line
     assert "Recorded when the book was built (2026-12-05; Linux as root). Not run here." in out
     assert out.rstrip().endswith("what it printed")
     run(shell, "%%needs nodes\n" + body)                        # the same section goes on: no second reason
-    assert "Not run here: this section" not in capsys.readouterr().out
+    assert "Not run here:" not in capsys.readouterr().out
+    run(shell, "x = 1")
+    run(shell, "%%needs nodes\nprint('another')\n")           # a later section: the short form, no cause
+    out = capsys.readouterr().out
+    assert "Not run here, as said above: this platform does not allow" in out and CONTAINER not in out
 
 
 def test_a_changed_cell_shows_no_stale_recording(shell, capsys):

@@ -8,7 +8,9 @@
 Where the requirement holds, the cell's code runs as a plain cell would: in the notebook's namespace,
 its output live, its last expression its value, its exception raised. Where it does not, nothing
 runs (no files, no asserts); the first skipped cell of a section (a run of skipped cells with the same
-requirement) prints one line, why and what would allow it, and every skipped cell shows its recording.
+requirement) prints one line, and every skipped cell shows its recording. That line leads with what this
+platform does not allow and where the section runs live; the first section of a chapter gives it in full, the
+technical cause folded under it, and every later section skipped for the same reason a short form.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import ast
 from distlab.needs import probe, recorded, verdict
 
 _LAST_SKIPPED: dict = {"count": None, "requirement": None}   # the last skipped cell: a section goes on
+_EXPLAINED: dict = {}   # a reason's full line -> the key of the cell that gave it (once per chapter)
 
 
 def needs_magic(line: str, cell: str):
@@ -42,10 +45,20 @@ def new_section(count: int | None, requirement: str, last: dict) -> bool:
     return count is None or last["count"] != count - 1 or last["requirement"] != requirement
 
 
-def skip(shell, requirement: str, why: str, cell: str) -> None:
+def in_full(why: verdict.Reason, key: str, explained: dict) -> bool:
+    """Whether a section's first cell gives the full line: no cell gave it before in this kernel, or this very
+    cell did (Run All again). Notes that it did. Pure but for ``explained``."""
+    first = explained.setdefault(why.full, key)
+    return first == key
+
+
+def skip(shell, requirement: str, why: verdict.Reason, cell: str) -> None:
     count = shell.execution_count if shell is not None else None
     if new_section(count, requirement, _LAST_SKIPPED):
-        recorded.note(why)
+        if in_full(why, recorded.cell_key(requirement, cell), _EXPLAINED):
+            recorded.note(why.full, detail=why.cause)
+        else:
+            recorded.note(why.short)
     _LAST_SKIPPED.update(count=count, requirement=requirement)
     found = recorded.find(requirement, cell)
     if found is None:

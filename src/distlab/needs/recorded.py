@@ -21,6 +21,7 @@ from pathlib import Path
 FOLDER = Path(__file__).with_name("recorded")
 MAGIC = "%%needs"
 LABEL = "Recorded when the book was built ({date}; {setting}). Not run here."
+DETAIL = "Why, technically"
 NO_RECORDING = ("No recording of this cell: its code differs from the book's. Nothing ran and nothing is shown; "
                 "run the chapter where {what} is available to see it.")
 
@@ -73,12 +74,17 @@ def show(recording: dict) -> None:
             display(out["data"], raw=True, metadata=out.get("metadata") or {})
 
 
-def note(text: str) -> None:
-    """One line set apart from the recorded output: plain text in a terminal or nbclient, a box in JupyterLab."""
+def note(text: str, detail: str | None = None) -> None:
+    """One line set apart from the recorded output: plain text in a terminal or nbclient, a box in JupyterLab.
+
+    ``detail`` (a technical cause) follows the line in plain text, and is folded under it in JupyterLab."""
     import html
 
     from IPython.display import display
 
+    folded = (f'<details><summary style="font-style:normal">{DETAIL}</summary>{html.escape(detail)}</details>'
+              if detail else "")
     box = ('<div style="border-left:4px solid #c90;padding:2px 8px;margin:2px 0;font-style:italic">'
-           f"{html.escape(text)}</div>")
-    display({"text/plain": text, "text/html": box}, raw=True)
+           f"{html.escape(text)}{folded}</div>")
+    plain = f"{text} {DETAIL}: {detail}" if detail else text
+    display({"text/plain": plain, "text/html": box}, raw=True)
