@@ -30,6 +30,9 @@ REPO = BOOK.parent
 KEEP = ("image/png", "text/plain", "text/html")
 HEAD, TAIL = 80, 30          # lines kept of a long output (the middle of a long log goes)
 HTML_LIMIT = 20_000          # characters of text/html kept (a live rank view's last state is small)
+# a knob lab's note (distlab.teach.knobs) promises controls; a recording shows none, wherever it is read
+KNOB_NOTE = (re.compile(r"; in JupyterLab, controls change these$", re.M),
+             "; recorded at these settings: the controls appear where the cell runs")
 
 
 def setting() -> str:
@@ -42,9 +45,11 @@ def setting() -> str:
 
 
 def scrub(text: str) -> str:
-    """This machine's paths out: the repository, the Python environment, the home folder."""
+    """This machine's paths out: the repository, the Python environment, the home folder; and what only a live
+    run can keep (a knob lab's promise of controls)."""
     import torch
 
+    text = KNOB_NOTE[0].sub(KNOB_NOTE[1], text)
     for path, placeholder in ((Path(torch.__file__).parents[1], "<site-packages>"), (REPO, "<book>"),
                               (Path(sys.prefix), "<python>"), (Path.home(), "~")):
         text = text.replace(str(path), placeholder)

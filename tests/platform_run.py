@@ -75,7 +75,8 @@ def check(run: dict, skipped: set[str]) -> dict[str, int]:
                 outputs = outputs[1:]
             shown = recorded.find(*got)
             assert shown is not None, cell.source[:200]
-            assert text_of(outputs) == recorded.label(shown) + text_of(shown["outputs"])   # that, and nothing ran
+            said = recorded.checked(got[1]) or ""                       # what its asserts checked, when recorded
+            assert text_of(outputs) == recorded.label(shown) + text_of(shown["outputs"]) + said   # nothing ran
         else:
             counts["ran"] += bool(got)
             text = text_of(cell.outputs)

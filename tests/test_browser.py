@@ -154,6 +154,7 @@ def _load(browser, base_url: str, name: str, shots: Path) -> Visit:
         response = page.goto(f"{base_url}{name}.html", wait_until="load")
         page.evaluate(_SETTLE_IMAGES_JS)
         page.wait_for_load_state("networkidle")
+        page.evaluate(_SETTLE_MATH_JS)
         dom = page.evaluate(_FACTS_JS)
         stem = name.replace("/", "_")
         paths = [shots / f"{stem}.png", shots / f"{stem}.dark.png"]
@@ -209,6 +210,15 @@ async () => {
 }
 """
 
+# MathJax typesets after the page's load: wait for it where it loaded (nothing to wait for where it did not)
+_SETTLE_MATH_JS = """
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await Promise.race([MathJax.startup.promise, new Promise(ok => setTimeout(ok, 10000))]);
+  }
+}
+"""
+
 # [page width, window width]: a page wider than the window scrolls sideways as a whole
 _WIDTHS_JS = "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
 
@@ -254,6 +264,10 @@ _FACTS_JS = """
     wideCode: Array.from(article.querySelectorAll('div.cell_input pre, div.highlight pre'))
         .filter(p => !p.closest('.cell_output') && p.scrollWidth > p.clientWidth + 1)
         .map(p => p.innerText.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '')),
+    // Sphinx's math blocks and inline math that MathJax did not typeset: raw LaTeX, e.g. \\[T(S) = \\frac...\\]
+    rawMath: Array.from(article.querySelectorAll('.math'))
+        .filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.trim().slice(0, 80)),
+    mathBlocks: article.querySelectorAll('.math').length,
     widths: (""" + _WIDTHS_JS + """)(),
   };
 }
@@ -273,6 +287,9 @@ def test_page_renders_cleanly(visit, name):
         # docutils falls back to the file's path when a figure has no alt: that is not alt text
         assert not re.search(r"\.(png|jpe?g|svg|gif)$", alt, re.I), (
             f"{name}: alt text is a file name: {alt} (give the plotting cell mystnb.image.alt metadata)")
+    assert not v.dom["rawMath"], (
+        f"{name}: {len(v.dom['rawMath'])} formulas show as raw LaTeX (MathJax did not load from the book's own "
+        f"_static, or failed): {v.dom['rawMath'][0]!r}; requests refused: {v.blocked[:3]}")
     if v.dom["codeCells"]:
         assert v.dom["outputs"], f"{name}: {v.dom['codeCells']} code cells but no executed output on the page"
     assert not v.dom["strayTracebacks"], (
@@ -295,6 +312,14 @@ def test_code_cells_do_not_scroll_sideways_on_a_desktop(visit, name):
     assert not wide, (f"{name}: {len(wide)} code cells scroll sideways at {VIEWPORT['width']} px; widest lines:\n"
                       + "\n".join(f"  {line.strip()[:100]}" for line in wide[:8])
                       + f"\nrun: .venv/bin/python book/fit_code.py {name}.ipynb (a .md page: by hand)")
+
+
+def test_the_formulas_are_typeset_without_the_network(visit):
+    """The bandwidth law of chapter 14 is typeset by the MathJax the book ships (sphinx-mathjax-offline): no
+    request leaves the machine for it, so it renders offline and on a firewalled course network."""
+    v = visit("book/14_network")
+    assert v.dom["mathBlocks"] >= 2 and not v.dom["rawMath"], v.dom["rawMath"]
+    assert not [url for url in v.blocked if "mathjax" in url.lower()], v.blocked
 
 
 def test_intro_links_every_chapter(visit):

@@ -171,13 +171,35 @@ def test_where_it_does_not_hold_nothing_runs_and_the_recording_shows(shell, caps
     assert out.count("Not run here: this platform does not allow network namespaces") == 1
     assert f"{recorded.DETAIL}: {CONTAINER}" in out                       # the cause, after the line
     assert "Recorded when the book was built (2026-12-05; Linux as root). Not run here." in out
-    assert out.rstrip().endswith("what it printed")
+    assert "what it printed\nThis cell checked, when the book was built: False." in out
     run(shell, "%%needs nodes\n" + body)                        # the same section goes on: no second reason
     assert "Not run here:" not in capsys.readouterr().out
     run(shell, "x = 1")
     run(shell, "%%needs nodes\nprint('another')\n")           # a later section: the short form, no cause
     out = capsys.readouterr().out
     assert "Not run here, as said above: this platform does not allow" in out and CONTAINER not in out
+
+
+def test_a_recorded_cell_says_what_its_asserts_checked():
+    body = ("%time x = 1\n"
+            "def f():\n    assert False  # inside a function: runs where it is called\n"
+            "# the law, within a margin\n# for a busy machine\nassert x == 1\n"
+            "for r in range(2):\n    assert r < 2  # every row\n"
+            "assert x + 1 == 2\nassert x < 2, 'x'\n")
+    assert recorded.checked(body) == ("This cell checked, when the book was built: the law, within a margin for a "
+                                      "busy machine; every row; x + 1 == 2; x < 2.")
+    assert recorded.checked("print(1)\n") is None and recorded.checked("def (:\n") is None
+    assert recorded.checked("assert " + "x" * 200).endswith("xxx....")     # one line: a long claim is cut
+
+
+def test_the_checked_line_follows_the_recording(shell, capsys, tmp_path):
+    probe._FACTS = Facts(CONTAINER, None)
+    body = "# the claim\nassert False\n"
+    record(tmp_path / "recorded", {"a": ("nodes", body, [{"output_type": "stream", "name": "stdout",
+                                                          "text": "what it printed\n"}])})
+    assert run(shell, "%%needs nodes\n" + body).success
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("what it printed\nThis cell checked, when the book was built: the claim.")
 
 
 def test_a_changed_cell_shows_no_stale_recording(shell, capsys):

@@ -71,6 +71,8 @@ def test_a_recording_holds_a_real_run_and_nothing_of_this_machine(path):
         if "prints-traceback" not in tags.get(key, []):
             assert "Traceback (most recent call last)" not in outputs, entry["cell"]
     assert str(REPO) not in text and not re.search(r"/(?:work|home|root)/", text)
+    # a recording shows no controls: it must not promise them (a knob lab's live note)
+    assert "controls change these" not in text
     assert re.fullmatch(r"\d{4}-\d\d-\d\d", data["recorded"]["date"]) and data["recorded"]["setting"]
 
 
@@ -87,6 +89,8 @@ def test_record_keeps_the_ends_of_a_long_output_and_refuses_a_run_that_did_not_h
                                "data": {"image/png": "iVBOR", "application/vnd.jupyter.widget-view+json": {}}})
     assert kept == {"output_type": "display_data", "data": {"image/png": "iVBOR"}, "metadata": {}}
     assert record.scrub(f"{REPO}/book/x.py") == "<book>/book/x.py"
+    assert record.scrub("lab(a=1); in JupyterLab, controls change these\n") == (
+        "lab(a=1); recorded at these settings: the controls appear where the cell runs\n")
     cell = nbformat.v4.new_code_cell("%%needs nodes\nx")
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="Not run here: this section needs ...")]
     with pytest.raises(SystemExit, match="cell 3: it was not run"):

@@ -63,8 +63,11 @@ def skip(shell, requirement: str, why: verdict.Reason, cell: str) -> None:
     found = recorded.find(requirement, cell)
     if found is None:
         recorded.note(recorded.NO_RECORDING.format(what=verdict.WHAT[requirement]))
-    else:
-        recorded.show(found)
+        return
+    recorded.show(found)
+    line = recorded.checked(cell)
+    if line is not None:
+        recorded.note(line)
 
 
 def run_here(shell, cell: str):

@@ -12,6 +12,7 @@ under a cell whose code changed since (the test suite then asks for a new record
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import sys
@@ -22,6 +23,8 @@ FOLDER = Path(__file__).with_name("recorded")
 MAGIC = "%%needs"
 LABEL = "Recorded when the book was built ({date}; {setting}). Not run here."
 DETAIL = "Why, technically"
+CHECKED = "This cell checked, when the book was built: {claims}."
+ITEM_LIMIT = 90          # characters of one claim in that line (an assert's code can be long)
 NO_RECORDING = ("No recording of this cell: its code differs from the book's. Nothing ran and nothing is shown; "
                 "run the chapter where {what} is available to see it.")
 
@@ -88,3 +91,48 @@ def note(text: str, detail: str | None = None) -> None:
            f"{html.escape(text)}{folded}</div>")
     plain = f"{text} {DETAIL}: {detail}" if detail else text
     display({"text/plain": plain, "text/html": box}, raw=True)
+
+
+def checked(body: str) -> str | None:
+    """The line that says what a recorded cell's asserts checked, read from its code here, so a recording made
+    before this line existed shows it too. Each claim is the comment the chapter puts above or beside an
+    assert, else the assert's own condition. Only the asserts the cell runs itself (not those in the functions
+    it defines, which run where they are called). None for a cell without asserts. Pure."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    code = TransformerManager().transform_cell(body)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    lines = code.splitlines()
+    claims = [claim(node, lines, code) for node in own_asserts(tree)]
+    if not claims:
+        return None
+    return CHECKED.format(claims="; ".join(dict.fromkeys(claims)))
+
+
+def own_asserts(tree: ast.AST) -> list[ast.Assert]:
+    """The asserts of a module that run when it runs: not inside a function or class it defines."""
+    found, todo = [], list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Assert):
+            found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return sorted(found, key=lambda n: n.lineno)
+
+
+def claim(node: ast.Assert, lines: list[str], code: str) -> str:
+    """What one assert claims: its comment (the lines just above it, or its own line's end), else its code."""
+    above, k = [], node.lineno - 2
+    while k >= 0 and lines[k].strip().startswith("#"):
+        above.insert(0, lines[k].strip().lstrip("#").strip())
+        k -= 1
+    beside = lines[node.lineno - 1].partition("  # ")[2].strip() if node.end_lineno == node.lineno else ""
+    text = " ".join(above) or beside or " ".join((ast.get_source_segment(code, node.test) or "").split())
+    text = text.rstrip(",;. ")
+    return text if len(text) <= ITEM_LIMIT else text[:ITEM_LIMIT - 3].rstrip() + "..."
+
