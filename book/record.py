@@ -92,16 +92,18 @@ def kept_output(out: dict) -> dict | None:
 # what varies from run to run in a recorded line: numbers, and names with digits in them (run folders, hashes)
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 NAME_WITH_DIGITS = re.compile(r"\b(?=[A-Za-z_]*\d)[A-Za-z0-9_]{6,}\b")
+TEMPORARY = re.compile(r"/tmp/[^\s\"',:)]*")          # a run's folders: mkdtemp's names may have no digit
 
 
 def shape(outputs: list) -> set[str]:
-    """What a cell printed, less what varies between two runs: each line with its numbers and its names with
-    digits masked, blanks collapsed, lines without a letter dropped. A recording is keyed by its cell's code
-    only; comparing its shape with a fresh run's finds the output that library code prints and that changed
-    since (a message, a repr, a table's columns), which the key cannot see. Pure."""
+    """What a cell printed, less what varies between two runs: each line with its numbers, its names with
+    digits and its temporary paths masked, blanks collapsed, lines without a letter dropped. A recording is
+    keyed by its cell's code only; comparing its shape with a fresh run's finds the output that library code
+    prints and that changed since (a message, a repr, a table's columns), which the key cannot see. Pure."""
     text = "".join(scrub_text(o.get("text", "")) if o["output_type"] == "stream" else
                    scrub_text(o.get("data", {}).get("text/plain", "")) for o in outputs)
-    lines = (" ".join(NUMBER.sub("#", NAME_WITH_DIGITS.sub("#", line)).split()) for line in text.splitlines())
+    lines = (" ".join(NUMBER.sub("#", NAME_WITH_DIGITS.sub("#", TEMPORARY.sub("<tmp>", line))).split())
+             for line in text.splitlines())
     return {line for line in lines if re.search(r"[A-Za-z]", line)}
 
 
