@@ -259,3 +259,40 @@ def test_where_the_controls_cannot_be_made_one_line_says_why_and_the_picture_is_
     assert out[0] == ("measure(world=4): a static picture: ipywidgets is not installed (No module named "
                       "'ipywidgets'); `pip install ipywidgets` gives the controls")
     assert "picture of world=4" in out[1:] and lab.widgets == {} and lab.runs_display_id is None
+
+
+def knob_labs() -> dict:
+    """chapter -> {name: ast of a function a cell passes to ``knobs(...)``}, from the book's sources."""
+    import ast
+    import json
+    from pathlib import Path
+
+    labs = {}
+    for path in sorted(Path(__file__).resolve().parents[1].glob("book/*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "knobs(" not in source:
+                continue
+            code = "\n".join(line for line in source.splitlines() if not line.startswith("%"))
+            tree = ast.parse(code)
+            passed = {node.args[0].id for node in ast.walk(tree) if isinstance(node, ast.Call)
+                      and getattr(node.func, "id", "") == "knobs" and node.args}
+            labs.update({(path.stem, f.name): f for f in tree.body
+                         if isinstance(f, ast.FunctionDef) and f.name in passed})
+    return labs
+
+
+def test_every_knob_labs_run_has_a_time_limit():
+    """A knob's run blocks the kernel until it ends (chapter 14's link lab had no limit): each
+    ``distlab.spawn``/``distlab.Ranks`` a knob lab starts is given a ``timeout``."""
+    import ast
+
+    labs = knob_labs()
+    assert {chapter for chapter, _ in labs} >= {"05_collectives", "10_performance_lab", "14_network"}, labs
+    for (chapter, name), lab in labs.items():
+        launches = [node for node in ast.walk(lab) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute) and node.func.attr in ("spawn", "Ranks", "launch")]
+        assert launches, f"{chapter}: {name} starts no ranks"
+        for call in launches:
+            assert any(k.arg == "timeout" for k in call.keywords), \
+                f"{chapter}: {name}'s {call.func.attr}(...) on line {call.lineno} has no timeout"
