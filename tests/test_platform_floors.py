@@ -3,8 +3,9 @@ matplotlib (tests/constraints-platform.txt, run by tests/test_platform_jupyter.p
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 FLOORED = ("ipython", "ipykernel", "ipywidgets", "jupyter_client", "psutil", "matplotlib")
