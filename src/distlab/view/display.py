@@ -214,15 +214,21 @@ def in_kernel() -> bool:
     return getattr(get_ipython(), "kernel", None) is not None
 
 
-def live_frontend(environ=None) -> bool:
+def live_frontend(environ=None, modules=None) -> bool:
     """Best guess whether someone watches cells run: a kernel started by a Jupyter server
-    (JupyterLab/Notebook set JPY_SESSION_NAME). nbclient (CI, the book build) and terminals
-    do not: they keep (or print) every state a live display goes through."""
+    (JupyterLab and Notebook 7 set JPY_SESSION_NAME), Colab's kernel (it imports ``google.colab``;
+    its server, like Notebook 6's, sets no JPY_SESSION_NAME) or a Kaggle notebook being edited
+    (``KAGGLE_KERNEL_RUN_TYPE=Interactive``; ``Batch`` is a saved version running alone). nbclient
+    (CI, the book build) and terminals do not: they keep (or print) every state a live display goes
+    through."""
     import os
 
     environ = os.environ if environ is None else environ
-    in_kernel = "ipykernel" in sys.modules and sys.modules["ipykernel"] is not None
-    return in_kernel and "JPY_SESSION_NAME" in environ
+    modules = sys.modules if modules is None else modules
+    if modules.get("ipykernel") is None:
+        return False
+    return ("JPY_SESSION_NAME" in environ or modules.get("google.colab") is not None
+            or environ.get("KAGGLE_KERNEL_RUN_TYPE") == "Interactive")
 
 
 def make_view(view, world_size: int, names: dict[int, str] | None = None):
