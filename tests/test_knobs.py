@@ -90,12 +90,26 @@ def test_a_moved_knob_runs_on_the_thread_of_the_kernels_loop_never_on_its_own(mo
 
 def test_the_kernels_loop_runs_the_moves_and_without_a_kernel_they_run_at_once(monkeypatch):
     class Loop:
-        def call_later(self, delay_s, fn):
-            return ("later", delay_s, fn)
+        """A tornado loop: only add_callback may be called from another thread (a subshell's)."""
 
-    shell = type("Shell", (), {"kernel": type("Kernel", (), {"io_loop": Loop()})()})()
+        def __init__(self):
+            self.woken, self.timers = [], []
+
+        def add_callback(self, fn, *args):
+            self.woken.append(threading.current_thread())
+            fn(*args)  # the loop's thread, when it wakes
+
+        def call_later(self, delay_s, fn):
+            self.timers.append((delay_s, fn))
+
+    loop = Loop()
+    shell = type("Shell", (), {"kernel": type("Kernel", (), {"io_loop": loop})()})()
     monkeypatch.setattr("IPython.get_ipython", lambda: shell)
-    assert K.kernel_later()(0.2, print) == ("later", 0.2, print)
+    schedule = K.kernel_later()
+    subshell = threading.Thread(target=schedule, args=(0.2, print))
+    subshell.start()
+    subshell.join()
+    assert loop.woken == [subshell] and loop.timers == [(0.2, print)]
     monkeypatch.setattr("IPython.get_ipython", lambda: None)
     ran = []
     K.kernel_later()(0.2, lambda: ran.append(1))

@@ -105,13 +105,17 @@ def defaults(measure, names) -> dict:
 def kernel_later():
     """``schedule(delay_s, fn)`` that runs ``fn`` on the kernel's main thread, from its event loop
     (``kernel.io_loop``, a tornado loop in ipykernel 6 and 7); outside a kernel, ``fn`` runs at once
-    in the caller."""
+    in the caller. A control's message may be handled on another thread (ipykernel 7 hands comm
+    messages to a subshell's thread where the frontend asks), and only ``add_callback`` of a tornado
+    loop may be called from another thread: it wakes the loop, which then sets the timer."""
     try:
         from IPython import get_ipython
     except ImportError:
         return _now
     loop = getattr(getattr(get_ipython(), "kernel", None), "io_loop", None)
-    return loop.call_later if loop is not None else _now
+    if loop is None:
+        return _now
+    return lambda delay_s, fn: loop.add_callback(loop.call_later, delay_s, fn)
 
 
 def _now(delay_s: float, fn) -> None:
