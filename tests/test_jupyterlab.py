@@ -363,6 +363,7 @@ def test_a_failure_shows_the_failed_rank_first_and_interrupt_leaves_no_worker(la
         out = nb.outputs(3)
         error = nb.cell(3).locator("[data-mime-type='application/vnd.jupyter.stderr']").last.inner_text()
         assert error.startswith("distlab: interrupted; all 2 worker processes were stopped."), error
+        assert out.count("worker processes were stopped") == 1, out  # the record above it does not repeat it
         assert "death signal" not in out and "torch/distributed" not in error, out
         assert workers_under(lab["proc"]) == []
 

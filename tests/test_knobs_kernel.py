@@ -49,3 +49,21 @@ def test_an_interrupted_lab_leaves_no_rank_and_runs_again():
         assert any("IntSlider" in text or "VBox" in text for text in drawn), drawn  # the controls
     finally:
         k.close()
+
+
+def test_a_moved_knob_runs_on_the_main_thread_shows_its_own_record_and_stops_on_interrupt(tmp_path):
+    """tests/platform_jupyter.py on the book's own Jupyter (tests/test_platform_jupyter.py runs it on
+    the platforms'): a slider let go, as JupyterLab sends it, runs the lab on the kernel's main
+    thread (pyplot's), the cell shows that run's record and run folder, and Kernel > Interrupt
+    stops the run and its ranks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    done = subprocess.run([sys.executable, str(repo / "tests" / "platform_jupyter.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("all checks passed"), \
+        done.stdout + done.stderr[-4000:]

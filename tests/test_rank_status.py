@@ -105,6 +105,17 @@ def test_only_a_kernel_of_a_jupyter_server_gets_the_line(monkeypatch):
     assert not live_frontend({"JPY_SESSION_NAME": "x"})  # a terminal prints every update
 
 
+def test_colab_and_an_interactive_kaggle_session_are_watched_live():
+    """Colab's server, like Notebook 6's, sets no JPY_SESSION_NAME: its kernel has imported
+    google.colab. Kaggle says how its notebook runs: edited (Interactive) or saved (Batch, alone)."""
+    kernel = {"ipykernel": SimpleNamespace()}
+    assert live_frontend({}, {**kernel, "google.colab": SimpleNamespace()})
+    assert live_frontend({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, kernel)
+    assert not live_frontend({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, kernel)
+    assert not live_frontend({}, kernel)
+    assert not live_frontend({}, {"google.colab": SimpleNamespace()})  # a script on Colab: no kernel
+
+
 # ------------------------------------------------------------------------------------------ stuck ranks
 def conversation(pending, blocked):
     conv = Conversation(SimpleNamespace(conns=[None] * 3), 7, [0, 1, 2], {}, SimpleNamespace(raised=False))

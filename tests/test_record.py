@@ -207,7 +207,7 @@ def test_rank_states_from_starting_to_done():
     (WorkerTimeoutError(5.0, {}, "/r", RunResult(Path("/r"), None, 2, wall_s=5.5)), "timed out",
      "timed out after 5.5 s; all ranks were stopped"),
     (RunInterrupted(2, "/r", RunResult(Path("/r"), None, 2, wall_s=4.0)), "interrupted",
-     "interrupted after 4.0 s; all 2 worker processes were stopped"),
+     "interrupted after 4.0 s"),
     (RuntimeError("distlab: run cancelled; all 2 worker processes were stopped. Run folder: /r"), "ended",
      "run cancelled; all 2 worker processes were stopped."),
     (ValueError(), "ended", "ValueError"),
@@ -403,3 +403,17 @@ def test_a_live_view_saved_or_left_by_its_kernel_says_what_it_is(live_view):
         in frozen["text/html"].replace("&#x27;", "'")
     view.finish(None)
     assert "live view as of" not in shower.latest()["text/plain"]  # the record, in the same output
+
+
+def test_an_interrupted_runs_record_and_error_say_each_thing_once():
+    """The live view's record sits right above the interrupt's error in the cell: the message (all
+    worker processes were stopped) and the run folder appear once, in the error."""
+    board = record.Board(2)
+    board.line(0, "hold")
+    error = RunInterrupted(2, "/runs/x", RunResult(Path("/runs/x"), None, 2, wall_s=4.0))
+    board.finish(record.outcome_of(error))
+    for shown in (record.record_text(board), record.record_html(board)):
+        cell = shown + "\n" + "\n".join(error._render_traceback_())
+        assert cell.count("worker processes were stopped") == 1, cell
+        assert cell.count("/runs/x") == 1, cell
+        assert "interrupted after 4.0 s" in shown

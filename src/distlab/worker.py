@@ -262,7 +262,14 @@ def _serving(port: int) -> bool:
     import psutil
 
     return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-               for c in psutil.Process().net_connections("inet"))
+               for c in own_connections(psutil.Process(), "inet"))
+
+
+def own_connections(process, kind: str) -> list:
+    """``process``'s sockets of ``kind``: psutil 6 named this ``net_connections``; Colab's and
+    Kaggle's psutil 5.9 has only the old name ``connections`` (which psutil 6 still keeps, deprecated)."""
+    listed = getattr(process, "net_connections", None) or process.connections
+    return listed(kind)
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -97,8 +97,10 @@ def tcp_links() -> set[tuple]:
     """This process's established TCP connections as ``(local ip, local port, remote ip, remote port)``."""
     import psutil
 
+    from distlab.worker import own_connections
+
     return {(_plain(c.laddr.ip), c.laddr.port, _plain(c.raddr.ip), c.raddr.port)
-            for c in psutil.Process().net_connections(kind="tcp")
+            for c in own_connections(psutil.Process(), "tcp")
             if c.status == psutil.CONN_ESTABLISHED and c.raddr}
 
 

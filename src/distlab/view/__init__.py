@@ -3,8 +3,8 @@
 Modules, each with the process it runs in (all in the kernel):
 
 * ``display``: where live rank output goes: a text stream (every frontend, CI, the built book) or
-  one display output redrawn in place (JupyterLab, Notebook, VS Code), which the static record
-  replaces when a run ends.
+  one display output redrawn in place (JupyterLab, Notebook, Colab, VS Code), which the static record
+  replaces when a run ends; ``shown_in`` draws a run's displays into an existing output (a knob's run).
 * ``record``: each rank's state and output during a run, the live view and the record as HTML and
   text. Pure.
 * ``streams``: a rank's output cut into ordinary lines and progress bars redrawing a line in place

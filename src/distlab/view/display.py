@@ -7,6 +7,7 @@ once the run is over. The live view uses ``finish`` to swap itself for a static 
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -64,18 +65,43 @@ class TextView:
 REFRESH_S = 0.25  # the live view is redrawn at most this often: a rank printing 1000 lines/s sends 4 updates/s
 
 
+_into: list[str] = []  # shown_in's target, innermost last (set and read on the kernel's main thread)
+_routes: dict[str, str] = {}  # a display id -> the output it was shown in instead
+
+
+@contextlib.contextmanager
+def shown_in(display_id: str | None):
+    """Within this, every display a run shows (its live view, its record, a status line) is drawn
+    into the existing output ``display_id`` instead of a new output of whatever message the kernel
+    handles now. A knob's run (:mod:`distlab.teach.knobs`) starts from a control's message, whose
+    new outputs no frontend shows: the cell that made the knobs then kept the first run's record
+    (and run folder) after every move. ``None``: displays go where they always go."""
+    if display_id is None:
+        yield
+        return
+    _into.append(display_id)
+    try:
+        yield
+    finally:
+        _into.pop()
+
+
 class IPythonDisplay:
     """How the live view shows things: IPython's display machinery (replaced in tests)."""
 
     def show(self, bundle: dict, display_id: str) -> None:
-        from IPython.display import display
+        from IPython.display import display, update_display
 
+        if _into:  # inside shown_in: this display and its later updates go to that output
+            _routes[display_id] = _into[-1]
+            update_display(bundle, display_id=_into[-1], raw=True)
+            return
         display(bundle, display_id=display_id, raw=True)
 
     def replace(self, bundle: dict, display_id: str) -> None:
         from IPython.display import update_display
 
-        update_display(bundle, display_id=display_id, raw=True)
+        update_display(bundle, display_id=_routes.get(display_id, display_id), raw=True)
 
 
 class LiveView:
@@ -188,15 +214,21 @@ def in_kernel() -> bool:
     return getattr(get_ipython(), "kernel", None) is not None
 
 
-def live_frontend(environ=None) -> bool:
+def live_frontend(environ=None, modules=None) -> bool:
     """Best guess whether someone watches cells run: a kernel started by a Jupyter server
-    (JupyterLab/Notebook set JPY_SESSION_NAME). nbclient (CI, the book build) and terminals
-    do not: they keep (or print) every state a live display goes through."""
+    (JupyterLab and Notebook 7 set JPY_SESSION_NAME), Colab's kernel (it imports ``google.colab``;
+    its server, like Notebook 6's, sets no JPY_SESSION_NAME) or a Kaggle notebook being edited
+    (``KAGGLE_KERNEL_RUN_TYPE=Interactive``; ``Batch`` is a saved version running alone). nbclient
+    (CI, the book build) and terminals do not: they keep (or print) every state a live display goes
+    through."""
     import os
 
     environ = os.environ if environ is None else environ
-    in_kernel = "ipykernel" in sys.modules and sys.modules["ipykernel"] is not None
-    return in_kernel and "JPY_SESSION_NAME" in environ
+    modules = sys.modules if modules is None else modules
+    if modules.get("ipykernel") is None:
+        return False
+    return ("JPY_SESSION_NAME" in environ or modules.get("google.colab") is not None
+            or environ.get("KAGGLE_KERNEL_RUN_TYPE") == "Interactive")
 
 
 def make_view(view, world_size: int, names: dict[int, str] | None = None):

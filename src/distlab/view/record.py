@@ -90,8 +90,8 @@ class Outcome:
             return f"rank {self.failed_rank} failed first{code}{after}; the other ranks were stopped"
         if self.kind == "timed out":
             return f"timed out{after}; all ranks were stopped"
-        if self.kind == "interrupted":
-            return f"interrupted{after}; all {world_size} worker processes were stopped"
+        if self.kind == "interrupted":  # what distlab did, and where the run is: the error's, under the record
+            return f"interrupted{after}"
         return self.message or f"ended{after}"
 
 
@@ -275,7 +275,7 @@ def record_html(board: Board) -> str:
                      f"{_output_html(lines, total)}</details>")
     if outcome.returns and not failed:
         parts.append(returns_html(outcome.returns))
-    if outcome.run_dir:
+    if outcome.run_dir and outcome.kind != "interrupted":  # an interrupt's error names it, right below
         parts.append(f'<div style="opacity:0.7">run folder: <code>{html.escape(outcome.run_dir)}</code></div>')
     parts.append("</div>")
     return "".join(parts)
@@ -294,7 +294,7 @@ def record_text(board: Board) -> str:
     if outcome.returns and outcome.kind == "done":
         out.append("returns:")
         out.extend(f"  rank {rank}: {text}" for rank, text in returns_lines(outcome.returns))
-    if outcome.run_dir:
+    if outcome.run_dir and outcome.kind != "interrupted":
         out.append(f"run folder: {outcome.run_dir}")
     return "\n".join(out)
 
