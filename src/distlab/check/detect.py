@@ -82,7 +82,7 @@ def by_rank(processes: list[list[dict]]) -> dict[int, list[dict]]:
 def find_all(ranks: dict[int, list[dict]], timeout: float = 0.0) -> list[Finding]:
     """Every detector, in the order a learner should fix what they find."""
     found = []
-    for detect in (script_error, hang, mismatched_collectives, no_sampler, set_epoch_missing, padded_evaluation,
+    for detect in (hang, mismatched_collectives, script_error, no_sampler, set_epoch_missing, padded_evaluation,
                    gradients_not_synchronized, accumulation_without_no_sync, every_rank_saves, module_prefix):
         found += detect(ranks, timeout) if detect is hang else detect(ranks)
     return found
@@ -299,6 +299,8 @@ def hang(ranks, timeout: float = 0.0) -> list[Finding]:
 
 
 def script_error(ranks) -> list[Finding]:
-    """An exception that ended a rank, at its innermost line in the learner's files."""
-    hits = [(r, e, {"error": e["error"]}) for r, events in ranks.items() for e in _of(events, "error")]
+    """An exception that ended a rank, at its innermost line in the learner's files (not one raised
+    after the deadline: the check stopping a hung rank wakes the others with errors)."""
+    hits = [(r, e, {"error": e["error"]}) for r, events in ranks.items() for e in _of(events, "error")
+            if not _of(events, "where")]
     return _grouped("script-error", hits, SCRIPT_ERROR)

@@ -21,6 +21,7 @@ COLLECTIVES = (
     "reduce", "gather", "scatter", "barrier", "all_to_all", "all_to_all_single", "all_gather_object",
     "broadcast_object_list", "gather_object", "scatter_object_list",
 )
+POINT_TO_POINT = ("send", "recv")  # not paired by position (not recorded), but a rank can wait in them
 
 
 def install(rec) -> None:
@@ -258,7 +259,7 @@ def _collectives(rec) -> None:
         def make(original):
             def collective(*args, **kwargs):
                 group = kwargs.get("group")
-                if group is None or group is dist.group.WORLD:
+                if name in COLLECTIVES and (group is None or group is dist.group.WORLD):
                     rec.emit("collective", op=name, tensors=describe(args, kwargs))
                 rec.waiting = name
                 try:
@@ -276,7 +277,7 @@ def _collectives(rec) -> None:
             return result
         return init_process_group
 
-    for name in COLLECTIVES:
+    for name in COLLECTIVES + POINT_TO_POINT:
         if hasattr(dist, name):
             _wrap(dist, name, make_collective(name))
     _wrap(dist, "init_process_group", init)

@@ -18,6 +18,7 @@ import time
 _SITE = ("site-packages", "dist-packages")
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # distlab's own files are not the learner's
 TIMED_OUT_EXIT = 124
+WHERE_GRACE_S = 3.0
 
 
 class Recorder:
@@ -98,6 +99,7 @@ def _watchdog(rec: Recorder, deadline_s: float) -> None:
     time.sleep(deadline_s)
     frame = sys._current_frames().get(threading.main_thread().ident)
     rec.emit("where", frame=frame, waiting=rec.waiting)
+    time.sleep(WHERE_GRACE_S)  # the other ranks note where they are before this one's exit wakes them
     os._exit(TIMED_OUT_EXIT)
 
 
