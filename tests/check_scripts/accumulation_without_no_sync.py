@@ -8,9 +8,9 @@ dist.init_process_group("gloo")
 model = DDP(nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 ACCUMULATE = 4
-for step in range(3):
+for _step in range(3):
     opt.zero_grad()
-    for micro in range(ACCUMULATE):
+    for _micro in range(ACCUMULATE):
         loss = model(torch.randn(8, 8)).pow(2).mean() / ACCUMULATE
         loss.backward()  # mistake
     opt.step()

@@ -15,7 +15,7 @@ def train(rank, world_size, port):
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)  # each rank its own data
-    for step in range(3):
+    for _step in range(3):
         x = torch.randn(16, 8, generator=g)
         opt.zero_grad()
         model(x).pow(2).mean().backward()

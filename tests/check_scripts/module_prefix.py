@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 model = DDP(nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
+for _step in range(3):
     x = torch.randn(16, 8)
     opt.zero_grad()
     model(x).pow(2).mean().backward()

@@ -11,7 +11,7 @@ data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
 loader = DataLoader(data, batch_size=32, shuffle=True)  # mistake
 model = DDP(nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for epoch in range(2):
+for _epoch in range(2):
     for x, y in loader:
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()

@@ -8,7 +8,7 @@ test = TensorDataset(torch.randn(101, 8), torch.randint(0, 2, (101,)))
 loader = DataLoader(test, batch_size=25, sampler=DistributedSampler(test, shuffle=False))
 seen = torch.zeros(1)
 with torch.no_grad():
-    for x, y in loader:  # mistake
+    for _x, y in loader:  # mistake
         seen += len(y)
 dist.all_reduce(seen)
 print(f"rank {dist.get_rank()}: {int(seen.item())} samples evaluated")

@@ -125,7 +125,8 @@ def no_sampler(ranks) -> list[Finding]:
                 first[start["loader"]].setdefault(rank, (made, end))
     found = []
     for seen in first.values():
-        if len(seen) < 2 or world < 2 or len({m["data"] for m, _ in seen.values()}) != 1 or not seen[min(seen)][0]["data"]:
+        data = {m["data"] for m, _ in seen.values()}
+        if len(seen) < 2 or world < 2 or len(data) != 1 or None in data:
             continue
         sets = {r: set(end["indices"]) for r, (_, end) in seen.items()}
         overlap = len(set.intersection(*sets.values()))
@@ -225,7 +226,7 @@ def _first_per_line(hits):
 
 
 def _differ(a: dict, b: dict) -> bool:
-    return any(abs(x - y) > 1e-7 * max(s, 1e-12) for x, y, s in zip(a["sums"], b["sums"], a["scale"]))
+    return any(abs(x - y) > 1e-7 * max(s, 1e-12) for x, y, s in zip(a["sums"], b["sums"], a["scale"], strict=False))
 
 
 def gradients_not_synchronized(ranks) -> list[Finding]:
@@ -233,7 +234,7 @@ def gradients_not_synchronized(ranks) -> list[Finding]:
     if len(ranks) < 2:
         return []
     params = {r: {(e["opt"], e["step"]): e for e in _of(events, "params")} for r, events in ranks.items()}
-    steps = {r: {(e["opt"], e["step"]): e for e in _of(events, "step")} for r, events in ranks.items()}
+    steps = {r: {(e.get("opt"), e.get("step")): e for e in _of(events, "step")} for r, events in ranks.items()}
     found = []
     for opt in sorted({o for table in params.values() for o, s in table if s == 0}):
         before = [table.get((opt, 0), {}).get("p") for table in params.values()]
@@ -254,19 +255,29 @@ def _signature(e: dict) -> tuple:
     return e["op"], str(e.get("tensors"))
 
 
-def mismatched_collectives(ranks) -> list[Finding]:
-    """The first position where the ranks' sequences of collectives on the default group differ."""
-    calls = {r: _of(events, "collective") for r, events in ranks.items()}
+def first_mismatch(ranks) -> dict[int, dict]:
+    """Each rank's call at the first position where the ranks' collectives on the default group
+    differ (op or tensors); empty when they agree."""
+    calls = {r: [(n, e) for n, e in enumerate(events) if e.get("k") == "collective"] for r, events in ranks.items()}
     if len(calls) < 2:
-        return []
+        return {}
     for i in range(min(map(len, calls.values()))):
         at = {r: c[i] for r, c in calls.items()}
-        if len({_signature(e) for e in at.values()}) > 1:
-            text = "; ".join(f"rank {r} calls {e['op']}{_shapes(e)} at {_line(e)}" for r, e in at.items())
-            return [Finding("mismatched-collectives", at[min(at)].get("line"), tuple(at),
-                            MISMATCHED.format(i=i + 1, calls=text), at[min(at)].get("file", ""),
-                            {r: (e.get("file", ""), e.get("line")) for r, e in at.items()})]
-    return []
+        if len({_signature(e) for _, e in at.values()}) > 1:
+            return {r: dict(e, position=i, index=n) for r, (n, e) in at.items()}
+    return {}
+
+
+def mismatched_collectives(ranks) -> list[Finding]:
+    """The first collective the ranks call differently, with each rank's line."""
+    at = first_mismatch(ranks)
+    if not at:
+        return []
+    text = "; ".join(f"rank {r} calls {e['op']}{_shapes(e)} at {_line(e)}" for r, e in at.items())
+    first = at[min(at)]
+    return [Finding("mismatched-collectives", first.get("line"), tuple(at),
+                    MISMATCHED.format(i=first["position"] + 1, calls=text), first.get("file", ""),
+                    {r: (e.get("file", ""), e.get("line")) for r, e in at.items()})]
 
 
 def _shapes(e: dict) -> str:
@@ -299,8 +310,12 @@ def hang(ranks, timeout: float = 0.0) -> list[Finding]:
 
 
 def script_error(ranks) -> list[Finding]:
-    """An exception that ended a rank, at its innermost line in the learner's files (not one raised
-    after the deadline: the check stopping a hung rank wakes the others with errors)."""
-    hits = [(r, e, {"error": e["error"]}) for r, events in ranks.items() for e in _of(events, "error")
-            if not _of(events, "where")]
+    """An exception that ended a rank, at its innermost line in the learner's files; not one that
+    follows a hang's deadline or a mismatched collective (those wake the other ranks with errors)."""
+    mismatch, hits = first_mismatch(ranks), []
+    for rank, events in ranks.items():
+        after = mismatch[rank]["index"] if rank in mismatch else None
+        for n, e in enumerate(events):
+            if e.get("k") == "error" and not _of(events, "where") and (after is None or n < after):
+                hits.append((rank, e, {"error": e["error"]}))
     return _grouped("script-error", hits, SCRIPT_ERROR)

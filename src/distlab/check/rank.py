@@ -48,7 +48,8 @@ class Recorder:
             real = os.path.realpath(filename)
             ours = real.startswith(_HERE + os.sep) or any(s in real.split(os.sep) for s in _SITE)
             mine = real.startswith(self.root + os.sep) and not ours and real.endswith(".py")
-            self._learner[filename] = ("" if real == self.script else os.path.relpath(real, self.root)) if mine else None
+            name = "" if real == self.script else os.path.relpath(real, self.root)
+            self._learner[filename] = name if mine else None
         return self._learner[filename]
 
     def where(self, frame) -> tuple[str, int] | None:
