@@ -39,6 +39,7 @@ BOOK_ARGS = {
     "ddp_train.py": ["--epochs", "2", "--size", "256", "--checkpoint", "{tmp}/c7.pt"],
     "ddp_resumable.py": ["--epochs", "2", "--size", "256", "--checkpoint", "{tmp}/c13.pt"],
     "preemptible.py": ["4", "{tmp}/preempted.pt"],
+    "article_train.py": ["{tmp}/model.pt"],
 }
 
 

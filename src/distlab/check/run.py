@@ -16,6 +16,10 @@ from distlab.check import detect
 from distlab.check.report import Report
 from distlab.errors import LaunchArgumentError, WorkerFailedError, WorkerTimeoutError
 from distlab.folders.runfolder import RunFolder
+from distlab.forkserver import mode as launchmode
+from distlab.launch import engine
+from distlab.launch.compat import check_torch
+from distlab.view.display import make_view
 
 BOOT = Path(__file__).with_name("boot.py")  # each rank's entry (see distlab.check.boot)
 GRACE_S = 20.0  # past the ranks' own deadline, the launcher stops whatever is left
@@ -41,6 +45,7 @@ def check(script, nprocs: int = 2, args=(), *, timeout: float = 120.0, steps: in
     :param mode: ``"torchrun"``, ``"python"`` (the script starts its ranks), or ``"auto"``: ``"python"``
         when the script calls ``torch.multiprocessing``'s ``spawn``.
     :param view: how the ranks' lines show while it runs, as in :func:`distlab.run_script` (None: not).
+        A torchrun-style script's ranks are forked from distlab's torch-preloaded server where it works.
     :returns: a :class:`~distlab.check.report.Report`; ``report.findings`` is empty when it checks clean.
     """
     path = Path(script)
@@ -70,13 +75,25 @@ def _run(path: Path, folder: Path, nprocs: int, args: list, timeout: float, step
     """The run, and why it did not finish (empty if it did): the findings explain a failure."""
     argv = [str(folder), str(timeout), str(steps), str(path.resolve()), *args]
     try:
-        result = api.run_script(BOOT, nproc_per_node=nprocs if mode == "torchrun" else 1, args=argv,
-                                mode=mode, timeout=timeout + GRACE_S, view=view)
-        return result, ""
+        if mode == "python":
+            return api.run_script(BOOT, 1, argv, mode="python", timeout=timeout + GRACE_S, view=view), ""
+        return _torchrun(argv, nprocs, timeout + GRACE_S, view), ""
     except WorkerFailedError as e:
         return e.result, str(e)
     except WorkerTimeoutError as e:
         return e.result, str(e)
+
+
+def _torchrun(argv: list[str], nprocs: int, timeout: float, view):
+    """``run_script(BOOT, nprocs, argv)``, with its ranks forked from distlab's torch-preloaded server
+    where it works (tens of ms instead of a fresh interpreter's import of torch): the check of a
+    small script costs little more than the script."""
+    config.check_view(view)
+    check_torch()
+    start = launchmode.resolve_start("auto", forkserver_works=launchmode.forkserver_works())
+    plan = engine.Plan(run_dir=engine.new_run_dir("check"), target=BOOT, nproc=nprocs, target_args=argv,
+                       timeout=timeout, start=start)
+    return engine.execute(plan, make_view(view, plan.world_size), collect_returns=False)
 
 
 def read_events(folder: Path) -> list[list[dict]]:
