@@ -61,3 +61,17 @@ def test_the_command_line_exits_1_on_a_finding_and_0_when_clean(tmp_path):
                              capture_output=True, text=True, timeout=180)
         assert run.returncode == code, run.stdout + run.stderr
         assert ("[module-prefix] line 18" in run.stdout) == (code == 1), run.stdout
+
+
+def test_steps_stops_every_rank_after_that_many_optimizer_steps():
+    # 4 steps an epoch: stopped within the first epoch, no epoch repeats its order yet
+    assert distlab.check(SCRIPTS / "set_epoch_missing.py", steps=3).ok
+    assert distlab.check(SCRIPTS / "set_epoch_missing.py", steps=5).kinds == ["set-epoch-missing"]
+
+
+def test_arguments_are_checked_before_any_process_starts(tmp_path):
+    for bad in ({"nprocs": 0}, {"steps": 0}, {"timeout": None}, {"mode": "mpirun"}, {"args": "--epochs 2"}):
+        with pytest.raises(distlab.LaunchArgumentError):
+            distlab.check(SCRIPTS / "hang.py", **bad)
+    with pytest.raises(distlab.LaunchArgumentError):
+        distlab.check(tmp_path / "missing.py")
