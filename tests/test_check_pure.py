@@ -210,3 +210,19 @@ def test_an_error_after_a_mismatched_collective_is_its_consequence():
     ranks = {0: [coll(8, "all_reduce", [4]), ev("error", 8, error="RuntimeError: reset")],
              1: [coll(10, "all_reduce", [8])]}
     assert kinds(ranks) == ["mismatched-collectives"]
+
+
+def test_batchnorm_small_batch_names_the_ddp_line():
+    ranks = {r: [ev("ddp", 12, model=0, batchnorm=2), ev("forward", 20, model=0, sync=True, batch=4)] for r in (0, 1)}
+    (f,) = detect.find_all(ranks)
+    assert (f.kind, f.line, f.ranks) == ("batchnorm-small-batch", 12, (0, 1))
+    assert "2 BatchNorm layer(s)" in f.message and "4 sample(s)" in f.message and "convert_sync_batchnorm" in f.message
+
+
+def test_batchnorm_with_enough_samples_synced_or_evaluated_is_clean():
+    big = {r: [ev("ddp", 12, model=0, batchnorm=2), ev("forward", 20, model=0, sync=True, batch=32)] for r in (0, 1)}
+    synced = {r: [ev("ddp", 12, model=0, batchnorm=0), ev("forward", 20, model=0, sync=True, batch=4)] for r in (0, 1)}
+    evaluated = {r: [ev("ddp", 12, model=0, batchnorm=2), ev("forward", 20, model=0, sync=True, batch=None)]
+                 for r in (0, 1)}
+    for ranks in (big, synced, evaluated):
+        assert kinds(ranks) == []

@@ -13,8 +13,10 @@ from distlab.check.report import Finding
 
 KINDS = (
     "no-sampler", "set-epoch-missing", "every-rank-saves", "module-prefix", "accumulation-without-no-sync",
-    "gradients-not-synchronized", "padded-evaluation", "mismatched-collectives", "hang", "timeout", "script-error",
+    "gradients-not-synchronized", "padded-evaluation", "batchnorm-small-batch", "mismatched-collectives", "hang",
+    "timeout", "script-error",
 )
+SMALL_BATCH = 8  # samples per rank below which BatchNorm's statistics come from too few samples
 
 NO_SAMPLER = (
     "Every rank trains on the same samples ({overlap}): this DataLoader has no DistributedSampler, so each "
@@ -63,6 +65,12 @@ TIMEOUT = (
     "The script had not finished after {timeout:g} s: {calls}. Give it a smaller run (fewer epochs or "
     "samples), steps= to stop after that many optimizer steps, or a longer timeout=."
 )
+BATCHNORM = (
+    "This DDP model has {layers} BatchNorm layer(s), and each rank trains on {batch} sample(s) a step: "
+    "every BatchNorm normalizes with the mean and variance of its own rank's {batch} samples, not of the "
+    "{total} of the step. Convert them before wrapping: model = nn.SyncBatchNorm.convert_sync_batchnorm(model), "
+    "or give each rank at least {small} samples."
+)
 SCRIPT_ERROR = "The script raised {error}. Fix it first: the other checks need it to run."
 
 
@@ -83,7 +91,8 @@ def find_all(ranks: dict[int, list[dict]], timeout: float = 0.0) -> list[Finding
     """Every detector, in the order a learner should fix what they find."""
     found = []
     for detect in (hang, mismatched_collectives, script_error, no_sampler, set_epoch_missing, padded_evaluation,
-                   gradients_not_synchronized, accumulation_without_no_sync, every_rank_saves, module_prefix):
+                   gradients_not_synchronized, accumulation_without_no_sync, every_rank_saves, module_prefix,
+                   batchnorm_small_batch):
         found += detect(ranks, timeout) if detect is hang else detect(ranks)
     return found
 
@@ -216,6 +225,22 @@ def accumulation_without_no_sync(ranks) -> list[Finding]:
                         hits.append((rank, passes[0], {"n": len(passes), "wasted": len(passes) - 1}))
                 synced.clear()
     return _grouped("accumulation-without-no-sync", _first_per_line(hits), ACCUMULATION)
+
+
+def batchnorm_small_batch(ranks) -> list[Finding]:
+    """A DDP model with plain BatchNorm layers trained with fewer than SMALL_BATCH samples a rank."""
+    if len(ranks) < 2:
+        return []
+    hits = []
+    for rank, events in ranks.items():
+        made = {e["model"]: e for e in _of(events, "ddp") if e.get("batchnorm")}
+        small = [e for e in _of(events, "forward") if e.get("model") in made and e.get("batch")]
+        if small and min(e["batch"] for e in small) < SMALL_BATCH:
+            batch, model = min((e["batch"], e["model"]) for e in small)
+            fields = {"layers": made[model]["batchnorm"], "batch": batch, "total": batch * len(ranks),
+                      "small": SMALL_BATCH}
+            hits.append((rank, made[model], fields))
+    return _grouped("batchnorm-small-batch", hits, BATCHNORM)
 
 
 def _first_per_line(hits):

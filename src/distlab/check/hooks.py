@@ -147,13 +147,16 @@ def _ddp(rec) -> None:
         def __init__(self, *args, **kwargs):
             original(self, *args, **kwargs)
             rec.models[id(self)] = n = rec.number("model")
-            rec.emit("ddp", model=n)
+            norms = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)  # not SyncBatchNorm
+            rec.emit("ddp", model=n, batchnorm=sum(isinstance(m, norms) for m in self.module.modules()))
         return __init__
 
     def forward(original):
         def forward(self, *args, **kwargs):
             if torch.is_grad_enabled():
-                rec.emit("forward", model=rec.models.get(id(self)), sync=not rec.no_sync.get(id(self)))
+                first = args[0] if args else None
+                batch = len(first) if isinstance(first, torch.Tensor) and first.dim() and self.training else None
+                rec.emit("forward", model=rec.models.get(id(self)), sync=not rec.no_sync.get(id(self)), batch=batch)
             return original(self, *args, **kwargs)
         return forward
 
