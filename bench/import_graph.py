@@ -9,7 +9,7 @@
 import each other, directly or through others (strongly connected components of more than one module).
 *Floors*: the length of the longest chain of imports, counted in modules, with each circle counted as
 one floor (the height of the graph once circles are squashed). The *engine* is the package without
-``teach``, ``plots``, ``slurm`` and ``nodes`` (what a launch and warm ranks run on). The largest modules
+``teach``, ``plots``, ``slurm``, ``nodes`` and ``check`` (what a launch and warm ranks run on). The largest modules
 are listed by lines of code.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grimp
 
-OUTSIDE_ENGINE = ("teach", "plots", "slurm", "nodes")
+OUTSIDE_ENGINE = ("teach", "plots", "slurm", "nodes", "check")
 
 
 def import_graph(package: str = "distlab") -> dict[str, set[str]]:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     whole = import_graph()
     print(describe("distlab (whole package)", whole))
-    print(describe("engine (without teach, plots, slurm, nodes)", engine_only(whole)))
+    print(describe("engine (without teach, plots, slurm, nodes, check)", engine_only(whole)))
     print("largest modules:", ", ".join(f"{name} {lines}" for lines, name in module_lines()[: args.largest]))
     if args.edges:
         for m in sorted(whole):

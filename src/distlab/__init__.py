@@ -44,6 +44,16 @@ _compile_cache.use_private_cache()  # torch.compile's generated code: never in a
 _prestart.maybe_start()  # in a notebook: the forkserver starts now, in the background (DISTLAB_PRESTART=0: not)
 
 
+def __getattr__(name: str):
+    """``distlab.check(script)``: the checker lives a layer above this face (it uses the launcher),
+    so it is imported on first use; the package :mod:`distlab.check` is itself callable."""
+    if name == "check":
+        import importlib
+
+        return importlib.import_module("distlab.check")
+    raise AttributeError(f"module 'distlab' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython) -> None:
     """``%load_ext distlab``: adds the ``%%ranks`` cell magic (see :mod:`distlab.warm.magic`).
 
