@@ -371,6 +371,25 @@ def test_slurm_script_is_valid_bash():
         assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+def test_slurm_scripts_rendezvous_is_the_first_nodes_address_at_a_port_of_the_jobs_own(tmp_path):
+    """Chapter 7's printed batch script, run with stub ``scontrol`` and ``srun``: the endpoint is the first
+    node's NodeAddr (its short name need not resolve elsewhere), the port comes from the job id (a fixed
+    29400 makes a second job on that node join the first one's store)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "scontrol").write_text('#!/bin/bash\ncase "$2" in hostnames) echo gpu07; echo gpu08;; '
+                                    '*) echo "NodeName=$4 Arch=x86_64 NodeAddr=10.1.2.7 NodeHostName=$4";; esac\n')
+    (stubs / "srun").write_text('#!/bin/bash\necho "srun $*"\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[07-08]",
+           "SLURM_NNODES": "2", "SLURM_CPUS_PER_TASK": "8"}
+    for job_id, port in ((4242, 24242), (12345, 20345)):
+        out = subprocess.run(["bash", "-c", T.slurm_script()], env={**env, "SLURM_JOB_ID": str(job_id)},
+                             capture_output=True, text=True, check=True).stdout
+        assert f"--rdzv-endpoint 10.1.2.7:{port} --rdzv-id {job_id}" in out, out
+
+
 # --- exercise checks --------------------------------------------------------------------------
 
 def test_checks_accept_right_answers_and_wait_for_none(capsys):
@@ -466,3 +485,18 @@ def test_commands_on_nodes_can_start_one_node_first_and_the_others_once_it_is_re
     assert at[(1, "ready")] < at[(0, "zero")]   # node0's command started after node1's line
     with pytest.raises(RuntimeError, match="no line matching 'never'"):
         T.OnNodes(nodes, ["echo zero", "echo one"], echo=False, first=1, ready="never")
+
+
+def test_commands_on_nodes_say_a_missing_torchrun_before_starting_anything(monkeypatch, tmp_path):
+    """A virtual environment built without console scripts has no ``torchrun`` beside its Python: the
+    nodes' run says so, and where it looked, instead of a rendezvous that times out 120 s later."""
+    nodes = _LocalNodes()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    commands = T.torchrun_commands(nnodes=2, nproc_per_node=1, endpoint="node1:29400")
+    with pytest.raises(RuntimeError) as e:
+        T.OnNodes(nodes, commands, env={"PATH": "/usr/bin:/bin"}, echo=False, first=1, ready="Rendezvous")
+    assert str(e.value).startswith(
+        f"`torchrun` was not found on the nodes: none in the folders searched, in this order "
+        f"PATH={tmp_path / 'bin'}:/usr/bin:/bin (the first is this kernel's Python's, {tmp_path / 'bin'}). ")
+    assert f"write `{tmp_path / 'bin' / 'python'} -m torch.distributed.run` in place of `torchrun`" in str(e.value)
+    assert nodes.envs == []          # nothing started

@@ -93,7 +93,8 @@ def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
 
 # --- chapter 13: a plain batch script, run here in its CPU form ----------------------------------
 
-def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1, step_time: float = 0.2) -> str:
+def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1, step_time: float = 0.2,
+             num_workers: int = 2) -> str:
     """The GPU batch script of chapter 13 as this CPU cluster runs it. Exactly these lines change: no GPUs
     asked for (``--gpus-per-node``), a fixed ``--nproc-per-node`` for ``gpu`` (torchrun refuses it without
     CUDA), the cores this machine has and one OpenMP thread per core (eight threads on one core run many
@@ -101,8 +102,9 @@ def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1, s
     ``source .../activate``), ``python -m torch.distributed.run``, which is what the ``torchrun`` command
     runs (the notebook's ``torchrun`` script is in a virtual environment the job user may not enter), and
     the training's flags: every batch logged and ``--step-time`` seconds per batch at least, so that a
-    warning finds the training still running (this small model trains an epoch in well under a second).
-    Pure."""
+    warning finds the training still running (this small model trains an epoch in well under a second),
+    and ``num_workers`` DataLoader workers per rank instead of the GPU form's 7 (one core per rank here),
+    still more than none, so that Slurm's signals reach worker processes here too. Pure."""
     out = []
     for line in gpu_script.splitlines():
         if line.startswith("#SBATCH --gpus-per-node"):
@@ -116,6 +118,7 @@ def cpu_form(gpu_script: str, environment: list[str], ranks_per_node: int = 1, s
         else:
             line = line.replace("--nproc-per-node gpu", f"--nproc-per-node {ranks_per_node}")
             line = line.replace("--log-every 8", f"--log-every 1 --step-time {step_time}")
+            line = line.replace("--num-workers 7", f"--num-workers {num_workers}")
             out.append(line.replace("srun --kill-on-bad-exit=1 torchrun",
                                     "srun --kill-on-bad-exit=1 python -m torch.distributed.run"))
     return "\n".join(out) + "\n"

@@ -320,6 +320,8 @@ class OnNodes:
         # lines as they come (a lesson waits for one, then kills a node): a script's print() into
         # torchrun's --tee file is block-buffered, and a learner's Jupyter does not set this for it
         env.setdefault("PYTHONUNBUFFERED", "1")
+        for command in dict.fromkeys(commands):
+            _check_program(command, env["PATH"])  # before any process starts
         env[RUN_MARK] = secrets.token_hex(8)
         self.mark = f"{RUN_MARK}={env[RUN_MARK]}"
         self.t0 = time.monotonic()
@@ -434,6 +436,27 @@ class OnNodes:
         return killed
 
 
+def _check_program(command: str, path: str) -> None:
+    """Raise if the program ``command`` starts (its first word after ``NAME=value`` words) is neither a
+    file along ``path`` nor a shell builtin. The nodes see this machine's files, so what ``sh`` cannot
+    find here, no node finds: say so now, not after a rendezvous that waits for an agent never started."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return
+    words = [w for w in words if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w)]
+    if not words or subprocess.run(["sh", "-c", 'command -v "$1" >/dev/null', "sh", words[0]],
+                                   env={"PATH": path}).returncode == 0:
+        return
+    hint = ("pip puts torch's `torchrun` beside Python; a virtual environment made without console "
+            "scripts has none: reinstall torch there (pip install --force-reinstall --no-deps torch), or "
+            f"write `{sys.executable} -m torch.distributed.run` in place of `torchrun`"
+            if words[0] == "torchrun" else "install it, or write its full path in the command")
+    raise RuntimeError(f"`{words[0]}` was not found on the nodes: none in the folders searched, in this order "
+                       f"PATH={path} (the first is this kernel's Python's, {os.path.dirname(sys.executable)}). "
+                       f"{hint[0].upper()}{hint[1:]}.")
+
+
 def _ended(proc: subprocess.Popen, end: float) -> bool:
     """Whether ``proc`` ended by the monotonic time ``end`` (waiting for it until then)."""
     try:
@@ -531,8 +554,13 @@ SLURM_TEMPLATE = """#!/bin/bash
 #SBATCH --cpus-per-task={cpus}
 #SBATCH --time={time}
 
-# The first node of the allocation hosts the c10d rendezvous.
+# The first node of the allocation hosts the c10d rendezvous, at its address as Slurm knows it
+# (NodeAddr: its short name need not resolve on the other nodes).
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+head_addr=$(scontrol show node -o "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
+# A port of this job's own: with a fixed one, a second job on the same first node would join the
+# first job's store (chapter 13).
+port=$((20000 + SLURM_JOB_ID % 12000))
 # Since Slurm 22.05 srun does not pass --cpus-per-task on to its tasks: say it again.
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 
@@ -543,19 +571,19 @@ srun --kill-on-bad-exit=1 torchrun \\
     --nnodes "$SLURM_NNODES" \\
     --nproc-per-node {gpus} \\
     --rdzv-backend c10d \\
-    --rdzv-endpoint "$head_node:{port}" \\
+    --rdzv-endpoint "$head_addr:$port" \\
     --rdzv-id "$SLURM_JOB_ID" \\
     {command}
 """
 
 
 def slurm_script(nodes: int = 2, gpus_per_node: int = 2, script: str = "ddp_train.py", script_args=(),
-                 job_name: str = "ddp_train", time: str = "00:30:00", port: int = 29400,
-                 cpus_per_task: int = 8) -> str:
-    """An sbatch file: SLURM picks the nodes, ``srun`` starts one torchrun per node."""
+                 job_name: str = "ddp_train", time: str = "00:30:00", cpus_per_task: int = 8) -> str:
+    """An sbatch file: SLURM picks the nodes, ``srun`` starts one torchrun per node. The rendezvous is
+    on the first node's ``NodeAddr`` at a port derived from the job id, as chapter 13 teaches."""
     command = shlex.join([script, *[str(a) for a in script_args]])
     return SLURM_TEMPLATE.format(job_name=job_name, nodes=nodes, gpus=gpus_per_node, cpus=cpus_per_task,
-                                 time=time, port=port, command=command)
+                                 time=time, command=command)
 
 
 # ---------------------------------------------------------------------------------------------
