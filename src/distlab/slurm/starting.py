@@ -149,12 +149,15 @@ def start_on_this_host(cluster, sock: Path) -> None:
 
 def start_on_a_free_port(cluster, sock: Path, name: str, argv: list[str], port: str, ready, problem: str) -> None:
     """Start daemon ``name`` on the host's loopback and wait until ``ready()``. A port is picked free, then
-    handed to the daemon: another process (another user's) may bind it in between. So nothing is sent to
-    the port before the daemon itself listens there; a daemon whose port another process holds (it exits,
-    or waits to bind) is stopped and started again on a new port (the slurm.conf rewritten; slurmctld
-    re-reads it)."""
+    handed to the daemon: another process (another user's) may bind it in between. So a port somebody
+    listens on already is replaced before the daemon starts, and nothing is sent to the port before the
+    daemon itself listens there; a daemon whose port another process holds (it exits, or waits to bind) is
+    stopped and started again on a new port (the slurm.conf rewritten; slurmctld re-reads it)."""
     log = cluster.folder / "log" / f"{name}.log"
     for _ in range(PORT_TRIES):
+        if dm.who_listens(0, cluster.ports[port]) != "none":  # taken while the daemons before it started
+            _new_port(cluster, sock, name, port)
+            continue
         d = _daemon(cluster, name, argv)
         holder = _listener(d, cluster.ports[port], problem, log)
         if holder == "daemon" and dm.wait(ready, problem, log, alive=d.alive):
@@ -164,11 +167,15 @@ def start_on_a_free_port(cluster, sock: Path, name: str, argv: list[str], port: 
         if holder != "other" and not dm.lost_its_port(dm.tail(log) + dm.tail(cluster.folder / "log" /
                                                                              f"{name}.stdout")):
             break
-        cluster.ports[port] = free_port()
-        write_conf(cluster, sock)
-        if name != "slurmctld":
-            dm.ok(["scontrol", "reconfigure"], cluster.env, b"")
+        _new_port(cluster, sock, name, port)
     raise ClusterError(f"{problem}: it exited", "Its log ends:\n" + "\n".join(dm.tail(log)))
+
+
+def _new_port(cluster, sock: Path, name: str, port: str) -> None:
+    cluster.ports[port] = free_port()
+    write_conf(cluster, sock)
+    if name != "slurmctld" and any(d.name == "slurmctld" for d in cluster.daemons):
+        dm.ok(["scontrol", "reconfigure"], cluster.env, b"")
 
 
 def _listener(d: dm.Daemon, port: int, problem: str, log: Path) -> str:
