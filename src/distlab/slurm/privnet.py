@@ -53,12 +53,41 @@ class PrivateNet:
 def start() -> PrivateNet | None:
     """A new private network for the cluster; None where this process may not make one (not root, a
     container's seccomp filter, no ``unshare``/``nsenter``/``ip``)."""
+    return finish(begin())
+
+
+def begin() -> subprocess.Popen | None:
+    """Start the holder (it comes up while the cluster starts its other parts: :func:`finish`); None where
+    this process may not make the network."""
     tools = [namespaces.tool(name) for name in ("unshare", "nsenter", "ip")]
     if os.geteuid() != 0 or None in tools:
         return None
     argv = [tools[0], "--net", "--kill-child", "--fork", "/bin/sh", "-c", NET_SH, "cluster-net", tools[2]]
-    try:
-        proc, h = namespaces.start_holder("the cluster's network", argv, node=False)
-    except NodesError:
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def abandon(proc: subprocess.Popen | None) -> None:
+    """End a holder :func:`begin` started that :func:`finish` never took (the start failed in between)."""
+    if proc is not None:
+        namespaces.stop([proc])
+
+
+def finish(proc: subprocess.Popen | None) -> PrivateNet | None:
+    """The network :func:`begin` started, held open once its holder is ready; None where it failed (the
+    holder's first line is not its pid: namespaces refused)."""
+    if proc is None:
         return None
-    return PrivateNet(proc, h)
+    line = proc.stdout.readline()
+    proc.stdout.close()
+    if not line.strip().isdigit():
+        namespaces.stop([proc])
+        return None
+    try:
+        return PrivateNet(proc, held.hold("the cluster's network", int(line), proc.pid, ("net",)))
+    except NodesError:
+        namespaces.stop([proc])
+        return None
+    except BaseException:
+        namespaces.stop([proc])
+        raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -50,11 +51,20 @@ def start(cluster) -> None:
     """Everything after :func:`prepare`: the door, the configuration, the daemons, the watchdog."""
     folder = cluster.folder
     account = pwd.getpwnam(cluster.user)
+    holder = privnet.begin() if cluster.nodes is None else None  # comes up while the door and munged do
+    try:
+        _start(cluster, folder, account, holder)
+    except BaseException:
+        if cluster.net is None:
+            privnet.abandon(holder)
+        raise
+
+
+def _start(cluster, folder: Path, account: pwd.struct_passwd, holder) -> None:
     cluster.door = make_door(folder, account, cluster.hosts if cluster.nodes is not None else (), cluster.tmp)
     jobenv.install(cluster.door, account)
     sock = cluster.door / "munge.sock"
-    if cluster.nodes is None:
-        cluster.net = privnet.start()
+    cluster.net = privnet.finish(holder)
     private = cluster.nodes is not None or cluster.net is not None
     cluster.ports = dict(NODE_PORTS) if private else {"ctld": free_port(), "slurmd": free_port()}
     if not cluster.no_accounting:
@@ -119,7 +129,8 @@ def start_accounting(cluster, sock: Path) -> None:
             dm.tail(folder / "log" / f"{acct.INSTALL}.stdout")))
     maria = _daemon(cluster, "mariadbd", acct.mariadbd_argv(db))
     _ready_or_exited(lambda: acct.socket_answers(db), "MariaDB did not answer", db / "mariadbd.log", maria)
-    ready = lambda: dm.ok(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], cluster.env, b"")  # noqa: E731
+    ready = lambda: dm.ok(_probe(cluster, ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"]),  # noqa: E731
+                          cluster.env, b"")
     rename = not acct.loopback_only(acct.host_addresses())
     if cluster.nodes is not None:
         argv = cluster.nodes.command(0, acct.slurmdbd_argv(folder, db, rename_host=False))
@@ -134,9 +145,9 @@ def start_accounting(cluster, sock: Path) -> None:
 
 
 def start_on_this_host(cluster, sock: Path) -> None:
-    ctld = (["slurmctld", "-D", "-i"], lambda: dm.ok(["scontrol", "ping"], cluster.env, b"UP"),
+    ctld = (["slurmctld", "-D", "-i"], lambda: dm.ok(_probe(cluster, ["scontrol", "ping"]), cluster.env, b"UP"),
             "slurmctld did not answer")
-    slurmd = (["slurmd", "-D"], lambda: dm.ok(["sinfo", "-h", "-o", "%t"], cluster.env, b"idle"),
+    slurmd = (["slurmd", "-D"], lambda: dm.ok(_probe(cluster, ["sinfo", "-h", "-o", "%t"]), cluster.env, b"idle"),
               "slurmd's node did not become idle")
     for name, port, (argv, ready, problem) in (("slurmctld", "ctld", ctld), ("slurmd", "slurmd", slurmd)):
         if cluster.net is not None:
@@ -207,6 +218,14 @@ def start_on_nodes(cluster) -> None:
         dead = next(d for d in every if not d.alive())
         raise ClusterError(f"{dead.name} exited", "Its log ends:\n" + "\n".join(dm.tail(log / f"{dead.name}.log")))
     close_spools(cluster.door, nodes.hosts)
+
+
+def _probe(cluster, argv: list[str]) -> list[str]:
+    """A readiness probe: in the cluster's private network straight through ``nsenter`` (a login shim takes
+    five more programs, tens of ms each time), else as typed."""
+    if cluster.net is None:
+        return argv
+    return cluster.net.command([shutil.which(argv[0], path=dm.DAEMON_PATH) or argv[0], *argv[1:]])
 
 
 def _ready_or_exited(ready, problem: str, log: Path, d: dm.Daemon) -> None:
