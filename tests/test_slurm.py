@@ -467,9 +467,9 @@ def test_where_namespaces_are_refused_a_squatted_port_gets_no_probe(cluster, oth
 
 def test_daemons_get_no_token_of_the_notebook_and_no_open_tmpdir(other_user, monkeypatch, tmp_path, capfd):
     """Issue #58 items 4 and 1. A token in root's environment was in MariaDB's /proc/<pid>/environ (a daemon
-    running as ``mysql``), and in every other daemon's: each now starts with a minimal environment. A $TMPDIR without the sticky bit let another user
-    rename the database folder and plant a listening socket in its place: the door and the database folder go
-    to a root-owned sticky temp dir instead, and the cluster says so."""
+    running as ``mysql``), and in every other daemon's: each now starts with a minimal environment. A $TMPDIR
+    without the sticky bit let another user rename the database folder and plant a listening socket in its
+    place: the door and the database folder go to a root-owned sticky temp dir instead, and the cluster says so."""
     from second_user import as_other
 
     open_tmp = Path(tempfile.mkdtemp(prefix="distlab-open-tmp-", dir=world_traversable_tmp()))
