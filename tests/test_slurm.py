@@ -443,7 +443,7 @@ def test_where_namespaces_are_refused_a_squatted_port_gets_no_probe(cluster, oth
         ports = iter(taken)  # the first three ports picked: slurmctld's, slurmd's, then slurmdbd's
         real = starting.free_port
         monkeypatch.setattr(starting, "free_port", lambda: next(ports, None) or real())
-        monkeypatch.setattr(starting.privnet, "start", lambda: None)
+        monkeypatch.setattr(starting.privnet, "begin", lambda: None)
         monkeypatch.setattr(cluster_module, "_CURRENT", None)
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
         # (the module's cluster's login shims off PATH: they would send this cluster's commands to that one)
