@@ -52,8 +52,8 @@ class Nodes:
         self._holders: list[subprocess.Popen] = []
         self._held: list[held.Held] = []  # [switch, node0, node1, ...]: the namespaces, open until close()
         self._on_close: list = []
-        # each node's TMPDIR: torchrun typed on a node makes torchelastic_* folders there, not in the shared /tmp
-        self._tmp = tempfile.mkdtemp(prefix="nodes-tmp-", dir=private.private_root())
+        # the nodes' TMPDIRs (made on first use): torchrun typed on a node makes torchelastic_* folders there
+        self._tmp: list[str] = []
         self._finalizer = weakref.finalize(self, _end, self._holders, self._held, self._on_close, self._tmp)
         privtmp.finish_exit_handlers_despite_sigterm()  # at the kernel's exit, the nodes close to the end
         try:
@@ -150,10 +150,13 @@ class Nodes:
 
     def tmpdir(self, node) -> str:
         """Node ``node``'s temporary folder, the ``TMPDIR`` of :meth:`run` and :meth:`popen`: private (0700, in
-        your runs root), so what programs leave in their temp dir (torchrun's ``torchelastic_*`` folders)
-        never lands in the machine's shared one; it goes when the nodes close."""
+        this process's own folder in your runs root), so what programs leave in their temp dir (torchrun's
+        ``torchelastic_*`` folders) never lands in the machine's shared one; it goes when the nodes close (or
+        with this process's folder: after a SIGKILL, the next kernel's start removes it)."""
         k = plan.node_index(node, self.n)
-        path = os.path.join(self._tmp, plan.host(k))
+        if not self._tmp:
+            self._tmp.append(str(privtmp.work_folder("nodes-tmp-")))
+        path = os.path.join(self._tmp[0], plan.host(k))
         os.makedirs(path, mode=0o700, exist_ok=True)
         return path
 
@@ -239,7 +242,7 @@ class Nodes:
         return "unlimited" if bits is None else f"{bits / 1e6:g} Mbit/s"
 
 
-def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list, tmp: str) -> None:
+def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list, tmp: list[str]) -> None:
     """Close nodes: what depends on them first, then every process still on a node (found by the
     namespace it holds, also when its holder died), then the holders, then the namespace files and the
     nodes' temporary folders."""
@@ -256,7 +259,8 @@ def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list
     namespaces.stop(holders)
     for h in helds:
         h.close()
-    shutil.rmtree(tmp, ignore_errors=True)
+    for folder in tmp:
+        shutil.rmtree(folder, ignore_errors=True)
     _remove_folders_of_the_killed()
 
 
