@@ -7,9 +7,12 @@ by id, checks before sbatch, private files, and that no daemon outlives the clus
 """
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,10 +21,12 @@ import psutil
 import pytest
 import slurm_jobs
 from procs import running
+from second_user import world_traversable_tmp
 
 from distlab import slurm
 from distlab.slurm import cluster as cluster_module
-from distlab.slurm import commands
+from distlab.slurm import commands, login, starting
+from distlab.slurm import daemons as daemons_module
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +119,7 @@ def test_timeout_cancels_with_each_ranks_stack(cluster, mode):
         slurm.submit(slurm_jobs.wait_forever, ranks_per_node=2, mode=mode, timeout=8, view=None)
     e = info.value
     assert sorted(e.stacks) == [0, 1], f"stacks of {sorted(e.stacks)} only"
-    assert all("wait_forever" in s for s in e.stacks.values())
+    assert all("wait_forever" in s for s in e.stacks.values()), e.stacks
     assert not commands.in_queue(e.job_id)
 
 
@@ -341,45 +346,44 @@ def test_the_spool_is_entered_not_listed_once_slurmd_runs(cluster):
     assert (cluster.door / "spool").stat().st_mode & 0o777 == 0o711
 
 
-SHARED_GROUP = "distlab-shared-grp"
-SHARERS = ("distlab-share-a", "distlab-share-b")
+SHARER = "distlab-share-gid"  # an account whose primary group is the job user's
+DUPLICATE = "distlab-dup-gid"  # a second /etc/group entry with the job user's gid
 
 
 @pytest.fixture
-def job_user_with_a_shared_group():
-    """Two accounts with the same primary group (as ``users`` on many machines); removed afterwards."""
-    subprocess.run(["groupadd", "--system", SHARED_GROUP], capture_output=True, check=True)
+def job_users_gid_shared(cluster, other_user):
+    """The job user's gid given to two more users: another account's primary group, and the other user's
+    supplementary group through a second /etc/group entry with that gid (as LDAP would). Removed after."""
+    gid = pwd.getpwnam(cluster.user).pw_gid
     try:
-        for name in SHARERS:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "-g",
-                            SHARED_GROUP, name], capture_output=True, check=True)
-        yield SHARERS[0]
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "-g", str(gid),
+                        SHARER], capture_output=True, check=True)
+        subprocess.run(["groupadd", "--non-unique", "--gid", str(gid), DUPLICATE], capture_output=True, check=True)
+        subprocess.run(["usermod", "--append", "--groups", DUPLICATE, other_user.pw_name], capture_output=True,
+                       check=True)
+        yield [SHARER, other_user.pw_name]
     finally:
-        for name in SHARERS:
-            subprocess.run(["userdel", name], capture_output=True)
-        subprocess.run(["groupdel", SHARED_GROUP], capture_output=True)
+        subprocess.run(["gpasswd", "--delete", other_user.pw_name, DUPLICATE], capture_output=True)
+        subprocess.run(["groupdel", "--force", DUPLICATE], capture_output=True)
+        subprocess.run(["userdel", SHARER], capture_output=True)
 
 
-def test_a_job_user_whose_primary_group_others_share_is_refused(job_user_with_a_shared_group, monkeypatch):
-    """Before: the door (conf, munge socket, jobs) was open to the job user's whole primary group, and a
-    member of a shared one got munge credentials and ran jobs. Refused before anything starts."""
-    import grp
+def test_whoever_else_has_the_job_user_s_gid_cannot_use_the_cluster(cluster, job_users_gid_shared):
+    """Issue #58 item 2: the door was root:<the job user's group> 0710 and the check listed that group's members
+    only, so a user in a second /etc/group entry with the same gid got munge credentials, sinfo and sbatch.
+    The door's ACL lets the job user alone in: neither a sharer of its primary group nor that user passes."""
+    sock = cluster.door / "munge.sock"
+    assert subprocess.run(["runuser", "-u", cluster.user, "--", "munge", "-n", "-S", str(sock)],
+                          capture_output=True).returncode == 0
+    for name in job_users_gid_shared:
+        who = ["runuser", "-u", name, "--"]
+        assert pwd.getpwnam(cluster.user).pw_gid in os.getgrouplist(name, pwd.getpwnam(name).pw_gid)
+        denied = subprocess.run([*who, "munge", "-n", "-S", str(sock)], capture_output=True, text=True)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, (name, denied.stderr)
+        for path in (cluster.conf, cluster.door / "task-prolog"):
+            assert subprocess.run([*who, "cat", str(path)], capture_output=True).returncode != 0, (name, path)
+        assert subprocess.run([*who, "ls", str(cluster.jobs)], capture_output=True).returncode != 0, name
 
-    monkeypatch.setattr(cluster_module, "_CURRENT", None)  # not the module's running cluster: a new one
-    before = set(Path(cluster_module.system_tmp()).glob("distlab-slurm-*"))
-    try:
-        started = slurm.local_cluster(use_existing=False, user=SHARERS[0])
-    except cluster_module.ClusterError as e:
-        caught = e
-    else:
-        started.stop()  # nothing a test starts outlives it, even when it fails
-        pytest.fail("a cluster started whose door the job user's whole primary group could enter")
-    gid = grp.getgrnam(SHARED_GROUP).gr_gid
-    from distlab.slurm.errors import CLUSTER, SHARED_GROUP_HINT, SHARED_GROUP_PROBLEM
-
-    assert str(caught) == CLUSTER.format(problem=SHARED_GROUP_PROBLEM.format(
-        user=SHARERS[0], group=SHARED_GROUP, gid=gid, others=SHARERS[1]), hint=SHARED_GROUP_HINT)
-    assert set(Path(cluster_module.system_tmp()).glob("distlab-slurm-*")) == before  # no door was made
 
 @pytest.mark.parametrize("mode", ["torchrun", "tasks"])
 def test_a_one_node_job_hosts_no_store_on_a_port(cluster, mode):
@@ -391,41 +395,105 @@ def test_a_one_node_job_hosts_no_store_on_a_port(cluster, mode):
     assert (res.run_dir / "stores").is_dir(), "the ranks did not meet in the run folder"
 
 
-def test_daemons_listen_on_loopback_only(cluster):
-    pids = {d.pid for d in cluster.daemons}
-    found = [(c.pid, c.laddr.ip) for c in psutil.net_connections("tcp")
-             if c.pid in pids and c.status == psutil.CONN_LISTEN]
-    assert found and all(ip == "127.0.0.1" for _, ip in found), found
+def test_no_daemon_port_is_reachable_from_the_host_s_network(cluster, other_user):
+    """Issue #58 item 3: slurmdbd (like slurmctld and slurmd) listened on a loopback port any local user could
+    reach, or take first. On this host they run in the cluster's private network: no port of theirs exists in
+    the host's, where the notebook's commands reach them through the login shims; there they bind loopback only."""
+    inside = {d.name: d.pid for d in cluster.daemons if d.name in ("slurmctld", "slurmd", "slurmdbd")}
+    assert sorted(inside) == ["slurmctld", "slurmd", "slurmdbd"]
+    host_net = os.stat("/proc/self/ns/net").st_ino
+    assert all(os.stat(f"/proc/{pid}/ns/net").st_ino != host_net for pid in inside.values()), inside
+    theirs = set().union(*(daemons_module.socket_inodes(pid) for pid in inside.values()))
+    tables = [Path(t).read_text() for t in daemons_module.TCP_TABLES]
+    for port in cluster.ports.values():
+        assert not daemons_module.listening_inodes(port, tables) & theirs, port
+    listening = subprocess.run([*cluster.net.command(["ss", "-Htlnp"])], capture_output=True, text=True).stdout
+    bound = {line.split()[3] for line in listening.splitlines() if "slurm" in line}
+    assert bound == {f"127.0.0.1:{port}" for port in cluster.ports.values()}, listening
+    assert subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True).stdout.strip() == "idle"
 
 
-def test_a_daemon_whose_port_was_taken_starts_on_another(cluster, other_user, monkeypatch, tmp_path):
-    """Another user binds the ports picked for slurmctld and slurmd before the daemons do: each starts
-    again on a new port. This second cluster names its job user (``user=``): its jobs run as that user."""
-    from second_user import other_python, start_as_other, stop_other
+SQUAT = """import select, socket, time
+held = [socket.socket() for _ in range(3)]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+print(*[s.getsockname()[1] for s in held], flush=True)
+end = time.monotonic() + 120
+while time.monotonic() < end:
+    for s in select.select(held, [], [], 1)[0]:
+        print("GOT", s.getsockname()[1], flush=True)
+        s.accept()[0].close()
+"""
 
-    squatter = start_as_other(f"{other_python()} -c \"import socket, time; held = [socket.socket() for _ in '12']; "
-                              "[s.bind(('0.0.0.0', 0)) or s.listen() for s in held]; "
-                              "print(*[s.getsockname()[1] for s in held], flush=True); time.sleep(120)\"")
+
+def test_where_namespaces_are_refused_a_squatted_port_gets_no_probe(cluster, other_user, monkeypatch, tmp_path):
+    """Issue #58 item 3, where namespaces are refused (a container; here the private network is switched off):
+    another user binds the ports picked for slurmctld, slurmd and slurmdbd before the daemons do. Nothing is
+    sent there (root's readiness probe carries a munge credential): each daemon starts again on a new port
+    once another process is found listening on its own. This second cluster names its job user (``user=``)."""
+    from second_user import other_python, start_as_other, stop_other, write_readable
+
+    squat = write_readable(Path(tempfile.mkdtemp(prefix="distlab-squat-", dir=world_traversable_tmp())), "squat.py",
+                           SQUAT)
+    squat.parent.chmod(0o755)
+    squatter = start_as_other(f"{other_python()} {squat}")
     try:
         taken = [int(p) for p in squatter.stdout.readline().split()]
-        ports = iter(taken)  # the first two ports picked: slurmctld's, then slurmd's
-        real = cluster_module.free_port
-        monkeypatch.setattr(cluster_module, "free_port", lambda: next(ports, None) or real())
+        ports = iter(taken)  # the first three ports picked: slurmctld's, slurmd's, then slurmdbd's
+        real = starting.free_port
+        monkeypatch.setattr(starting, "free_port", lambda: next(ports, None) or real())
+        monkeypatch.setattr(starting.privnet, "begin", lambda: None)
         monkeypatch.setattr(cluster_module, "_CURRENT", None)
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-        # accounting=False: with slurmdbd, a slurmctld whose port another process holds does not exit (it waits on
-        # slurmdbd, which calls it back on that port), so it is not started again on a new one (not handled yet)
-        second = slurm.local_cluster(root=tmp_path, use_existing=False, user=other_user.pw_name, accounting=False)
+        # (the module's cluster's login shims off PATH: they would send this cluster's commands to that one)
+        monkeypatch.setenv("PATH", login.without_bin(os.environ["PATH"], cluster.folder / "bin"))
+        second = slurm.local_cluster(root=tmp_path, use_existing=False, user=other_user.pw_name)
         try:
-            assert second.running() and not set(taken) & set(second.ports.values()), (taken, second.ports)
+            assert second.running() and second.net is None and second.no_accounting is None
+            assert not set(taken) & set(second.ports.values()), (taken, second.ports)
             conf = second.conf.read_text()
             assert f"SlurmctldPort={second.ports['ctld']}" in conf and f"SlurmdPort={second.ports['slurmd']}" in conf
             res = slurm.submit(slurm_jobs.whoami, view=None)
             assert res.returns == {0: (other_user.pw_uid, other_user.pw_uid)}
+            assert cluster_module.accounted(res.job_id, second.env) == "COMPLETED"
         finally:
             second.stop()
     finally:
-        stop_other(squatter)
+        output = stop_other(squatter)
+        shutil.rmtree(squat.parent, ignore_errors=True)
+    assert "GOT" not in output, f"a probe reached the squatter: {output} (taken: {taken}, ctld, slurmd, slurmdbd)"
+
+
+def test_daemons_get_no_token_of_the_notebook_and_no_open_tmpdir(other_user, monkeypatch, tmp_path, capfd):
+    """Issue #58 items 4 and 1. A token in root's environment was in MariaDB's /proc/<pid>/environ (a daemon
+    running as ``mysql``), and in every other daemon's: each now starts with a minimal environment. A $TMPDIR
+    without the sticky bit let another user rename the database folder and plant a listening socket in its
+    place: the door and the database folder go to a root-owned sticky temp dir instead, and the cluster says so."""
+    from second_user import as_other
+
+    open_tmp = Path(tempfile.mkdtemp(prefix="distlab-open-tmp-", dir=world_traversable_tmp()))
+    open_tmp.chmod(0o777)  # (as some learners' TMPDIR is)
+    try:
+        (open_tmp / "victim").mkdir()  # root's, like the database folder: another user renames it there
+        assert as_other(f"mv {open_tmp}/victim {open_tmp}/taken").returncode == 0
+        monkeypatch.setenv("TMPDIR", str(open_tmp))
+        monkeypatch.setenv("DISTLAB_TEST_TOKEN", "token-of-the-notebook")
+        monkeypatch.setattr(cluster_module, "_CURRENT", None)
+        monkeypatch.delenv("SLURM_CONF", raising=False)
+        monkeypatch.setenv("PATH", os.environ["PATH"])  # (put back after: this cluster puts its login shims first)
+        started = slurm.local_cluster(root=tmp_path, use_existing=False)
+        try:
+            assert not started.door.is_relative_to(open_tmp) and not started.db.is_relative_to(open_tmp)
+            assert f"TMPDIR={open_tmp} is not sticky" in capfd.readouterr().err
+            assert sorted(d.name for d in started.daemons) == ["mariadbd", "munged", "slurmctld", "slurmd", "slurmdbd"]
+            for d in started.daemons:
+                environ = Path(f"/proc/{d.pid}/environ").read_bytes()
+                assert b"token-of-the-notebook" not in environ, (d.name, environ)
+        finally:
+            started.stop()
+    finally:
+        shutil.rmtree(open_tmp, ignore_errors=True)
 
 
 def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared_tmp):

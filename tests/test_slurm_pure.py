@@ -1,12 +1,27 @@
 """distlab.slurm without a cluster: the sbatch script, the checks before sbatch, Slurm's output read back,
 the rank environment, the cluster's configuration, the error messages word for word."""
 import os
+import socket
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from distlab.slurm import cluster, commands, errors, job, jobuser, rank, slurmconf, spec
+from distlab.slurm import (
+    account,
+    cluster,
+    commands,
+    daemons,
+    door,
+    errors,
+    job,
+    jobuser,
+    rank,
+    slurmconf,
+    spec,
+    starting,
+)
 from distlab.slurm.commands import JobState
 from distlab.slurm.errors import NO_CONFIG, SlurmNotFoundError
 
@@ -104,16 +119,16 @@ def test_one_node_ranks_meet_in_a_file_per_attempt():
 
 
 def test_a_port_lost_to_a_squatter_is_recognised():
-    assert cluster.lost_its_port(["[x] error: Error binding slurm stream socket: Address already in use"])
-    assert cluster.lost_its_port(["slurmd: error: Unable to bind listen port (6818): Address already in use"])
-    assert not cluster.lost_its_port(["fatal: Unable to determine this slurmd's NodeName"])
+    assert daemons.lost_its_port(["[x] error: Error binding slurm stream socket: Address already in use"])
+    assert daemons.lost_its_port(["slurmd: error: Unable to bind listen port (6818): Address already in use"])
+    assert not daemons.lost_its_port(["fatal: Unable to determine this slurmd's NodeName"])
 
 
 def test_the_watchdog_does_not_import_from_the_current_folder(tmp_path):
     """The watchdog runs as root in whatever folder the notebook is in: a planted ``psutil.py`` there must
     not be imported (``-P``)."""
     (tmp_path / "psutil.py").write_text(f"open({str(tmp_path / 'planted-ran')!r}, 'w').close()\n")
-    argv = cluster.watchdog_argv(2**22 + 1, 0.0, tmp_path / "no-such-cluster")
+    argv = starting.watchdog_argv(2**22 + 1, 0.0, tmp_path / "no-such-cluster")
     assert argv[1] == "-P"
     subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=60)
     assert not (tmp_path / "planted-ran").exists()
@@ -548,13 +563,71 @@ def test_a_login_shim_enters_through_the_held_file_and_refuses_anything_else(tmp
     finally:
         own.close()
 
-def test_who_shares_the_job_user_s_primary_group():
-    from types import SimpleNamespace as Row
+def test_the_door_lets_the_job_user_alone_in_whatever_shares_its_gid():
+    """Issue #58 item 2: the door was root:<the job user's group> 0710, and a second /etc/group entry with that
+    gid (or an LDAP group) let its members in. Its ACL names the job user's uid and grants its group nothing."""
+    value = door.acl_value(7, 1234, 1)
+    assert door.acl_users(value) == {1234: 1}
+    entries = [struct.unpack_from("<HHI", value, k) for k in range(4, len(value), 8)]
+    assert entries == [(door.ACL_USER_OBJ, 7, door.ACL_UNDEFINED_ID), (door.ACL_USER, 1, 1234),
+                       (door.ACL_GROUP_OBJ, 0, door.ACL_UNDEFINED_ID), (door.ACL_MASK, 1, door.ACL_UNDEFINED_ID),
+                       (door.ACL_OTHER, 0, door.ACL_UNDEFINED_ID)]
 
-    me = Row(pw_name="learner", pw_gid=100)
-    accounts = [me, Row(pw_name="alice", pw_gid=100), Row(pw_name="bob", pw_gid=1001)]
-    assert cluster.group_sharers(me, accounts, Row(gr_mem=["carol", "learner"])) == ["alice", "carol"]
-    assert cluster.group_sharers(me, [me], Row(gr_mem=[])) == []
+
+def _stat(uid: int, mode: int):
+    import stat as st
+    from types import SimpleNamespace
+
+    return SimpleNamespace(st_uid=uid, st_mode=st.S_IFDIR | mode)
+
+
+def test_a_temp_folder_is_used_only_when_root_s_and_sticky():
+    """Issue #58 item 1: a $TMPDIR any user could write without the sticky bit (or another user's) let that
+    user rename the database folder and plant a socket in its place. Such a $TMPDIR is passed over, and said."""
+    folders = {"/tmp": _stat(0, 0o1777), "/var/tmp": _stat(0, 0o1777), "/open": _stat(0, 0o777),
+               "/theirs": _stat(1000, 0o1777), "/mine": _stat(0, 0o1777), "/closed": _stat(0, 0o1700)}
+    lstat = folders.__getitem__
+    assert door.usable_tmp("/open", lstat) == "is not sticky (whoever may write there may rename what it holds)"
+    assert door.usable_tmp("/theirs", lstat) == "belongs to uid 1000, not root"
+    assert door.usable_tmp("/closed", lstat) == "not every user may enter it"
+    said = []
+    for tmpdir in ("/open", "/theirs", "/closed"):
+        assert door.system_tmp({"TMPDIR": tmpdir}, lstat, said.append) == "/tmp"
+    assert said[0] == ("distlab.slurm: TMPDIR=/open is not sticky (whoever may write there may rename what it "
+                       "holds): the cluster's door and database go to /tmp instead")
+    assert len(said) == 3
+    assert door.system_tmp({"TMPDIR": "/mine"}, lstat, said.append) == "/mine"
+    assert door.system_tmp({}, lstat, said.append) == "/tmp" and len(said) == 3
+    folders["/tmp"] = _stat(0, 0o777)
+    assert door.system_tmp({}, lstat, said.append) == "/var/tmp"
+
+
+def test_a_daemon_gets_a_minimal_environment():
+    """Issue #58 item 4: every daemon got the notebook's whole environment (a token in it was readable in
+    MariaDB's /proc/<pid>/environ, as mysql)."""
+    assert daemons.daemon_env(Path("/d/slurm.conf")) == {"PATH": daemons.DAEMON_PATH, "SLURM_CONF": "/d/slurm.conf"}
+
+
+TCP_TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1AA1 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0
+   1: 00000000:1AA2 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 222 1 0 100 0 0 10 0
+   2: 0100007F:1AA1 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 333 1 0 20 4 30 10 -1
+"""
+
+
+def test_the_listener_on_a_port_is_found_by_its_socket():
+    """Issue #58 item 3, where namespaces are refused: nothing is sent to a daemon's port until the daemon
+    itself listens there (a squatter listening first received root's readiness probe)."""
+    assert daemons.listening_inodes(0x1AA1, [TCP_TABLE]) == {111}  # the connected socket (333) is no listener
+    assert daemons.listening_inodes(0x1AA2, [TCP_TABLE]) == {222}  # on any address
+    assert daemons.listening_inodes(80, [TCP_TABLE]) == set()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert daemons.who_listens(os.getpid(), port) == "none"
+        s.listen()
+        assert daemons.who_listens(os.getpid(), port) == "daemon"
+        assert daemons.who_listens(1, port) == "other"
 
 
 # --- no Slurm command of distlab asks the site's DNS for a controller (configless mode) ----------------------
@@ -637,7 +710,7 @@ def test_a_new_job_account_never_gets_a_uid_that_owns_leftovers(tmp_path, monkey
     assert jobuser.leftover_uids([str(tmp_path)]) == {orphan}
     monkeypatch.setattr(jobuser, "SHARED_TMP", (str(tmp_path),))
     argv = []
-    monkeypatch.setattr(cluster.subprocess, "run", lambda a, **kw: argv.append(a) or
+    monkeypatch.setattr(account.subprocess, "run", lambda a, **kw: argv.append(a) or
                         subprocess.CompletedProcess(a, 1, "", "not made: a test"))
     with pytest.raises(errors.ClusterError, match="could not create its job user"):
         cluster.ensure_account("distlab-no-such-user", True)

@@ -52,7 +52,9 @@ class Nodes:
         self._holders: list[subprocess.Popen] = []
         self._held: list[held.Held] = []  # [switch, node0, node1, ...]: the namespaces, open until close()
         self._on_close: list = []
-        self._finalizer = weakref.finalize(self, _end, self._holders, self._held, self._on_close)
+        # the nodes' TMPDIRs (made on first use): torchrun typed on a node makes torchelastic_* folders there
+        self._tmp: list[str] = []
+        self._finalizer = weakref.finalize(self, _end, self._holders, self._held, self._on_close, self._tmp)
         privtmp.finish_exit_handlers_despite_sigterm()  # at the kernel's exit, the nodes close to the end
         try:
             self._start(bits)
@@ -141,11 +143,29 @@ class Nodes:
         self._check_open()
         return [*namespaces.enter(self._nodes[k], uts_and_mounts=True), *argv]
 
+    def _typed(self, node, argv: list[str]) -> list[str]:
+        """:meth:`command` for what a learner runs on a node (:meth:`run`, :meth:`popen`): with the node's
+        own ``TMPDIR``."""
+        return self.command(node, [namespaces.tool("env"), f"TMPDIR={self.tmpdir(node)}", *argv])
+
+    def tmpdir(self, node) -> str:
+        """Node ``node``'s temporary folder, the ``TMPDIR`` of :meth:`run` and :meth:`popen`: private (0700, in
+        this process's own folder in your runs root), so what programs leave in their temp dir (torchrun's
+        ``torchelastic_*`` folders) never lands in the machine's shared one; it goes when the nodes close (or
+        with this process's folder: after a SIGKILL, the next kernel's start removes it)."""
+        k = plan.node_index(node, self.n)
+        if not self._tmp:
+            self._tmp.append(str(privtmp.work_folder("nodes-tmp-")))
+        path = os.path.join(self._tmp[0], plan.host(k))
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
     def run(self, node, command: str, *, check: bool = True, timeout: float | None = None,
             capture: bool = True) -> subprocess.CompletedProcess:
-        """Run shell ``command`` on node ``node``, as a learner would type it on that machine;
+        """Run shell ``command`` on node ``node``, as a learner would type it on that machine (its ``TMPDIR``
+        the node's own, :meth:`tmpdir`);
         raise :class:`~distlab.errors.NodesError` naming the node when it fails (``check``)."""
-        argv = self.command(node, ["sh", "-c", command])
+        argv = self._typed(node, ["sh", "-c", command])
         done = subprocess.run(argv, capture_output=capture, text=True, timeout=timeout, pass_fds=self._net_fds())
         if check and done.returncode != 0:
             k = plan.node_index(node, self.n)
@@ -155,8 +175,9 @@ class Nodes:
         return done
 
     def popen(self, node, argv: list[str], **kwargs) -> subprocess.Popen:
-        """Start ``argv`` on node ``node`` and return at once (a server, a long run)."""
-        argv = self.command(node, argv)
+        """Start ``argv`` on node ``node`` and return at once (a server, a long run), with the node's
+        ``TMPDIR`` (:meth:`tmpdir`)."""
+        argv = self._typed(node, argv)
         kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), *self._net_fds())
         return subprocess.Popen(argv, **kwargs)
 
@@ -221,9 +242,10 @@ class Nodes:
         return "unlimited" if bits is None else f"{bits / 1e6:g} Mbit/s"
 
 
-def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list) -> None:
+def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list, tmp: list[str]) -> None:
     """Close nodes: what depends on them first, then every process still on a node (found by the
-    namespace it holds, also when its holder died), then the holders, then the namespace files."""
+    namespace it holds, also when its holder died), then the holders, then the namespace files and the
+    nodes' temporary folders."""
     for callback in list(on_close):
         try:
             callback()
@@ -237,6 +259,8 @@ def _end(holders: list[subprocess.Popen], helds: list[held.Held], on_close: list
     namespaces.stop(holders)
     for h in helds:
         h.close()
+    for folder in tmp:
+        shutil.rmtree(folder, ignore_errors=True)
     _remove_folders_of_the_killed()
 
 

@@ -38,12 +38,6 @@ INTERRUPTED = ("distlab.slurm: interrupted; job {job_id} was cancelled (scancel)
 NOT_OURS = ("distlab.slurm: no run folder of yours holds job {job_id} (looked in {root}). "
             "Reattach from the account and DISTLAB_RUNS that submitted it.")
 CLUSTER = "distlab.slurm: cannot start a one-machine cluster: {problem}. {hint}"
-SHARED_GROUP_PROBLEM = ("its job user {user!r} shares its primary group {group!r} (gid {gid}) with {others}, who "
-                        "could then enter the cluster's door (its configuration, munge socket and jobs), get munge "
-                        "credentials and run jobs")
-SHARED_GROUP_HINT = ("Give that user a group of its own (usermod -g), or pass user=\"distlab-job\" (distlab makes "
-                     "that account with a group of its own).")
-
 
 class SlurmError(DistlabError, RuntimeError):
     """Base class: something about Slurm went wrong."""

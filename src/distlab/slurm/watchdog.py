@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from .cluster import stop_folder
+from .stopping import stop_folder
 
 POLL_S = 0.5
 
