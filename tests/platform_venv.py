@@ -2,7 +2,8 @@
 
 torch 2.11.0 installs as PyPI's CUDA build, about 5 GB and 3 minutes, so the venv is built once per machine
 and kept under ``~/.cache/distlab/`` (``$XDG_CACHE_HOME`` is honoured), in a folder named by a hash of the
-pins and of this Python: other pins or another Python get a new venv, a new machine builds it from scratch.
+pins and of this Python: other pins or another Python get a new venv (the old one is removed), a new machine
+builds it from scratch.
 It holds what a platform has and nothing of distlab's: a chapter installs distlab itself, into a copy of
 its own (:func:`layer`), so the cached venv never changes after it is built.
 
@@ -56,7 +57,15 @@ def ensure(log=print) -> Path:
         if not (venv / DONE).exists():
             log(f"building the platform venv at {venv} from {PINS.name} (torch's CUDA build: minutes, GBs)")
             _build(venv)
+            _remove_others(venv)
     return venv
+
+
+def _remove_others(venv: Path) -> None:
+    """The venvs of earlier pins (5 GB each): one is kept per machine."""
+    for other in venv.parent.glob("platform-*"):
+        if other.name not in (venv.name, f"{venv.name}.lock"):
+            subprocess.run(["rm", "-rf", str(other)], check=False)
 
 
 def _build(venv: Path) -> None:

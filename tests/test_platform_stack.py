@@ -14,6 +14,7 @@ its two-node lessons (all its Slurm cells where Slurm is not installed): the def
 
     pytest -m platform_stack            # only this (it executes and builds the book first, for the wheel)
     pytest -m "not platform_stack"      # all but this
+    DISTLAB_BOOK_HTML=DIR pytest tests/test_platform_stack.py -k 07_   # serves DIR instead (see `html`)
 
 The venv is cached per machine (tests/platform_venv.py); a new machine builds it, about 5 GB and 3 minutes.
 Needs root, gcc and capsh (Debian: libcap2-bin), as CI has.
@@ -65,9 +66,17 @@ def platform():
 
 
 @pytest.fixture(scope="module")
-def site(executed_book):
+def html(request) -> Path:
+    """The built book: the session's executed build, or ``$DISTLAB_BOOK_HTML`` while iterating (a folder with
+    at least ``_static/<the wheel>``: ``python book/wheel.py DIR/_static``)."""
+    override = os.environ.get("DISTLAB_BOOK_HTML")
+    return Path(override) if override else request.getfixturevalue("executed_book")["html"]
+
+
+@pytest.fixture(scope="module")
+def site(html):
     """The built book (its wheel under _static/), served on 127.0.0.1."""
-    with platform_stack.serve(executed_book["html"]) as url:
+    with platform_stack.serve(html) as url:
         yield url
 
 
@@ -78,8 +87,8 @@ def sandbox(tmp_path_factory):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_the_built_book_has_the_wheel_the_cell_installs(executed_book):
-    assert (executed_book["html"] / "_static" / install_cell.wheel_name()).is_file()
+def test_the_built_book_has_the_wheel_the_cell_installs(html):
+    assert (html / "_static" / install_cell.wheel_name()).is_file()
 
 
 def test_the_install_keeps_the_platforms_own_packages(platform, site):
