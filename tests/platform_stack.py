@@ -96,7 +96,9 @@ def stopped_at(nb) -> str:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 first = next((line for line in cell.source.splitlines() if line.strip()), "")
-                return f"code cell {number} of {len(code)} ({first[:60]}): {out['ename']}: {out['evalue'][:300]}"
+                said = [line.strip() for line in out["evalue"].splitlines() if line.strip()] or [""]
+                error = said[0] if len(said) == 1 else f"{said[0]} ... {said[-1]}"   # a rank's own error comes last
+                return f"code cell {number} of {len(code)} ({first[:60]}): {out['ename']}: {error[:400]}"
     ran = sum(bool(c.get("execution_count")) for c in code)
     return f"after code cell {ran} of {len(code)}, without an error output (a timeout or a dead kernel?)"
 
