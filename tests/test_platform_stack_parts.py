@@ -49,9 +49,12 @@ def test_where_a_chapter_stopped_names_the_cell_and_the_ranks_own_error():
         "distlab: rank 1 failed first (exit code 1)\nTraceback (most recent call last):\n  File ...\n"
         "TypeError: DistributedDataParallel.__init__() got an unexpected keyword argument 'forward_sync_buffers'"),
         traceback=[])]
-    nb.cells = [nbformat.v4.new_markdown_cell("# t"), ok, bad, nbformat.v4.new_code_cell("y = 2")]
+    on_purpose = nbformat.v4.new_code_cell("1 / 0")
+    on_purpose.metadata["tags"] = ["raises-exception"]
+    on_purpose.outputs = [nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division", traceback=[])]
+    nb.cells = [nbformat.v4.new_markdown_cell("# t"), on_purpose, ok, bad, nbformat.v4.new_code_cell("y = 2")]
     said = platform_stack.stopped_at(nb)
-    assert said.startswith("code cell 2 of 3 (model = DDP(): WorkerFailedError: distlab: rank 1 failed first")
+    assert said.startswith("code cell 3 of 4 (model = DDP(): WorkerFailedError: distlab: rank 1 failed first")
     assert said.endswith("unexpected keyword argument 'forward_sync_buffers'")
 
 
