@@ -66,8 +66,9 @@ def run_chapter(wrap, chapter: str, work: Path, timeout: float = 900, env: dict 
 
 
 def check(run: dict, skipped: set[str]) -> dict[str, int]:
-    """Every cell ran, without error; a ``%%needs`` cell whose requirement is in ``skipped`` ran nothing and
-    showed its recording (the first of each run of them, the reason); any other ran for real. Counts."""
+    """Every cell ran, without error (but those tagged ``raises-exception``); a ``%%needs`` cell whose
+    requirement is in ``skipped`` ran nothing and showed its recording (the first of each run of them, the
+    reason); any other ran for real. Counts."""
     nb = run["notebook"]
     assert run["error"] is None, run["error"]
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -76,7 +77,8 @@ def check(run: dict, skipped: set[str]) -> dict[str, int]:
     previous = None
     for cell in code:
         got = recorded.split(cell.source)
-        assert not any(o["output_type"] == "error" for o in cell.outputs)
+        if "raises-exception" not in cell.get("metadata", {}).get("tags", []):     # it raises on purpose
+            assert not any(o["output_type"] == "error" for o in cell.outputs), cell.source[:200]
         if got and got[0] in skipped:
             counts["skipped"] += 1
             outputs = cell.outputs
