@@ -19,6 +19,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ import platform_venv
 from nbrun import _cell_seconds
 from platform_run import REPO, build_sandbox, run_chapter
 
+#: a line that names a raised exception: ``TypeError: ...``, ``torch.distributed.DistBackendError: ...``
+RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*")
 #: what a platform-stack run gave, per chapter, for the test session's summary (conftest.py)
 RESULTS: dict[str, dict] = {}
 
@@ -99,7 +102,8 @@ def stopped_at(nb) -> str:
             if out.get("output_type") == "error":
                 first = next((line for line in cell.source.splitlines() if line.strip()), "")
                 said = [line.strip() for line in out["evalue"].splitlines() if line.strip()] or [""]
-                error = said[0] if len(said) == 1 else f"{said[0]} ... {said[-1]}"   # a rank's own error comes last
+                raised = [line for line in said[1:] if RAISED.match(line)]         # a rank's own error, last raised
+                error = f"{said[0]} ... {raised[-1]}" if raised else said[0]
                 return f"code cell {number} of {len(code)} ({first[:60]}): {out['ename']}: {error[:400]}"
     ran = sum(bool(c.get("execution_count")) for c in code)
     return f"after code cell {ran} of {len(code)}, without an error output (a timeout or a dead kernel?)"

@@ -47,7 +47,8 @@ def test_where_a_chapter_stopped_names_the_cell_and_the_ranks_own_error():
     bad = nbformat.v4.new_code_cell("model = DDP(\n    net, forward_sync_buffers=False)")
     bad.outputs = [nbformat.v4.new_output("error", ename="WorkerFailedError", evalue=(
         "distlab: rank 1 failed first (exit code 1)\nTraceback (most recent call last):\n  File ...\n"
-        "TypeError: DistributedDataParallel.__init__() got an unexpected keyword argument 'forward_sync_buffers'"),
+        "TypeError: DistributedDataParallel.__init__() got an unexpected keyword argument 'forward_sync_buffers'\n"
+        "Run folder (script and every rank's log): /tmp/run"),
         traceback=[])]
     on_purpose = nbformat.v4.new_code_cell("1 / 0")
     on_purpose.metadata["tags"] = ["raises-exception"]
