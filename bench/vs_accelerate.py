@@ -17,9 +17,11 @@ import subprocess
 import sys
 import time
 
-from launch_latency import job, time_accelerate  # the same trivial job and accelerate timing as that bench
-
 import distlab
+from distlab.teach.launch_latency import (  # the trivial job and accelerate timing of bench/launch_latency.py
+    job,
+    time_accelerate,
+)
 
 
 def time_distlab() -> float:

@@ -56,6 +56,13 @@ def build_chinese(dest: Path) -> subprocess.CompletedProcess:
     return _i18n().build_edition(dest, dest / "_build" / "zh" / "html")
 
 
+def _wheel():
+    sys.path.insert(0, str(ROOT / "book"))
+    import wheel
+
+    return wheel
+
+
 def _i18n():
     sys.path.insert(0, str(ROOT / "book"))
     import i18n
@@ -68,4 +75,6 @@ def build_without_executing(dest: Path) -> subprocess.CompletedProcess:
     config["execute"]["execute_notebooks"] = "off"
     (dest / "_config.yml").write_text(yaml.safe_dump(config))
     cmd = [str(Path(sys.executable).with_name("jupyter-book")), "build", str(dest), "-W", "--keep-going"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    _wheel().build(dest / "_build" / "html" / "_static")   # beside the pages, as book/build.sh puts it
+    return done

@@ -28,7 +28,12 @@ def executed_book(tmp_path_factory):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Report every chapter's execution time (the budget is 90 s each on 2 cores)."""
+    """Report every chapter's execution time (the budget is 90 s each on 2 cores), and the platform stack's."""
+    stack = sys.modules.get("platform_stack")
+    if stack is not None and stack.RESULTS:
+        terminalreporter.section("platform stack: each chapter alone on the platforms' software")
+        for line in stack.summary(stack.RESULTS):
+            terminalreporter.write_line(line)
     if not _BOOK:
         return
     terminalreporter.section("chapter execution times")

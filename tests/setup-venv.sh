@@ -8,6 +8,7 @@ stamp=".venv/.requirements-$(cat requirements.txt pyproject.toml | sha256sum | c
 if [ ! -f "$stamp" ]; then
   python3 -m venv .venv
   .venv/bin/python -m pip install --quiet --upgrade pip
+  bash tests/install-torch-cpu.sh .venv/bin/python   # torch's CPU build first: PyPI's is the CUDA one
   .venv/bin/python -m pip install --quiet -r requirements.txt
   .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
   rm -f .venv/.requirements-*

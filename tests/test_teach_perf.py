@@ -2,6 +2,7 @@
 import importlib.util
 import math
 import time
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -214,6 +215,20 @@ def test_bench_script_is_found():
     assert perf.bench_script("ddp_overhead.py").name == "ddp_overhead.py"
     with pytest.raises(FileNotFoundError, match="no_such.py"):
         perf.bench_script("no_such.py")
+
+
+def test_shipped_benchmarks_run_from_the_package_and_bench_only_wraps_them():
+    """A chapter opened alone has no bench/ beside it: what it runs is in the package (run with -m), and
+    bench/<name> is a thin wrapper of that module, no second copy of its code."""
+    import ast
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    for name, module in perf.SHIPPED_BENCHES.items():
+        assert importlib.util.find_spec(module) is not None, module
+        assert perf.bench_command(name)[1:] == ["-m", module]
+        text = (bench / name).read_text()
+        assert f"from {module} import main" in text
+        assert not [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
 
 
 def test_ddp_overhead_bench_prints_the_headline_last(capsys):

@@ -7,7 +7,6 @@ install: this test sees what a ``pip install`` would give.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -47,16 +46,19 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """Built from a copy of what the package is made of: setuptools writes build/ and *.egg-info
-    next to the sources, which must not land in the checkout."""
-    tree, out = tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("wheel")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, tree / name)
-    shutil.copytree(REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(tree)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return next(out.glob("distlab-*.whl"))
+    """Built as the book build builds it (book/wheel.py: from a copy of the tree, so that setuptools' build/
+    and *.egg-info do not land in the checkout)."""
+    sys.path.insert(0, str(REPO / "book"))
+    import wheel as book_wheel
+
+    return book_wheel.build(tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_wheel_is_the_file_every_chapter_installs(wheel):
+    sys.path.insert(0, str(REPO / "book"))
+    import install_cell
+
+    assert wheel.name == install_cell.wheel_name()
 
 
 def test_the_wheel_holds_every_module_of_the_tree(wheel):
@@ -79,3 +81,19 @@ def test_the_installed_wheel_spawns_and_keeps_warm_ranks_outside_the_checkout(wh
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.startswith(f"ok {site}")
+
+
+@pytest.mark.slow
+def test_chapter_10s_benchmark_runs_from_the_installed_package_alone(wheel, tmp_path):
+    """Chapter 10 runs bench/launch_latency.py through perf.run_bench; opened alone, no bench/ lies beside it."""
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    code = "from distlab.teach import perf; print(perf.run_bench('launch_latency.py', '--help'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=alone, env={**os.environ, "PYTHONPATH": str(site)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "--quick" in done.stdout

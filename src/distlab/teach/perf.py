@@ -386,6 +386,11 @@ def _barrier() -> None:
 # ---------------------------------------------------------------- benchmark scripts, tables and fits
 
 
+#: benchmarks the package ships, so that a chapter opened alone (no bench/ beside it) runs them; each
+#: bench/<name> of the repository runs the same module
+SHIPPED_BENCHES = {"launch_latency.py": "distlab.teach.launch_latency"}
+
+
 def bench_script(name: str) -> Path:
     """Where ``bench/<name>`` is: next to the book (a chapter's cwd is ``book/``), or in the checkout
     this distlab was installed from (editable install)."""
@@ -397,13 +402,22 @@ def bench_script(name: str) -> Path:
                             "run the chapter from a checkout of the distlab repository.")
 
 
-def run_bench(name: str, *args: str, timeout: float = 300) -> str:
-    """Run ``python bench/<name> ARGS`` as a terminal user would; return what it printed."""
-    import subprocess
+def bench_command(name: str) -> list[str]:
+    """The command that runs benchmark ``bench/<name>``: ``python -m <module>`` for one the package ships
+    (an installed distlab has it, wherever the chapter is), else ``python bench/<name>`` of a checkout."""
     import sys
 
-    done = subprocess.run([sys.executable, str(bench_script(name)), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    if name in SHIPPED_BENCHES:
+        return [sys.executable, "-m", SHIPPED_BENCHES[name]]
+    return [sys.executable, str(bench_script(name))]
+
+
+def run_bench(name: str, *args: str, timeout: float = 300) -> str:
+    """Run benchmark ``bench/<name>`` with ARGS as a terminal user would (:func:`bench_command`); return
+    what it printed."""
+    import subprocess
+
+    done = subprocess.run([*bench_command(name), *args], capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"bench/{name} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return done.stdout
