@@ -243,13 +243,16 @@ def test_the_chapters_ring_is_the_reference_copy_definition_by_definition():
     import json
     from pathlib import Path
 
+    from IPython.core.inputtransformer2 import TransformerManager
+
     from distlab.teach import ring
 
     nb = json.loads((Path(__file__).parents[1] / "book" / "05_collectives.ipynb").read_text())
     chapter = {}
     for cell in nb["cells"]:
-        if cell["cell_type"] == "code" and not "".join(cell["source"]).lstrip().startswith(("%", "!")):
-            chapter.update(_definitions("".join(cell["source"])))
+        # the install cell's %pip and the %% magics are IPython, not Python: what the kernel runs is compared
+        if cell["cell_type"] == "code" and not "".join(cell["source"]).lstrip().startswith(("%%", "!")):
+            chapter.update(_definitions(TransformerManager().transform_cell("".join(cell["source"]))))
     reference = {k: v for k, v in _definitions(inspect.getsource(ring)).items()}
     assert set(reference) == {"CHUNK_BYTES", "Ring", "SERIAL_NUMEL", "add_on_this_thread", "reduce_scatter_phase",
                               "all_gather_phase", "prepare_ring", "ring_all_reduce", "ring_reduce_scatter"}
