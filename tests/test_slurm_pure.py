@@ -704,3 +704,23 @@ if [ "$n" -lt 2 ]; then echo "COMPLETED|allocation|node0"; else echo "COMPLETED|
     (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=other JobState=COMPLETED NodeList=x'\n")
     with pytest.raises(errors.SlurmError, match=r"no whole final record of job 7 after 1 s: COMPLETED\|fine"):
         cluster.accounted(7, env, timeout=1)
+
+
+def test_the_layout_of_a_jobs_own_files():
+    """Issue #60: each of distlab.slurm's file names, as the layout's docstring lists them."""
+    from distlab.slurm import layout
+
+    attempt = Path("/r/logs/attempt2")
+    assert layout.exit_file(attempt, 3) == attempt / "rank3.exit"
+    assert layout.rank_run_json(attempt, 3) == attempt / "rank3.run.json"
+    assert layout.batch_log(Path("/r"), 41) == Path("/r/logs/slurm-41.out")
+    assert (layout.META, layout.SBATCH) == ("slurm-job.json", "job.sbatch")
+
+
+def test_a_timeout_keeps_each_stacks_indent_drops_its_trailing_blank_and_says_when_none_started():
+    """Issue #60: a stack's first line is indented (``  File ...``); only its end is trimmed."""
+    e = errors.SlurmTimeoutError(4, 10.0, {0: '  File "a.py", line 1\n\n'}, "/runs/x", result="r")
+    assert '--- rank 0 ---\n  File "a.py", line 1\nA rank waiting' in str(e)
+    assert (e.job_id, e.timeout, e.stacks, e.result) == (4, 10.0, {0: '  File "a.py", line 1\n\n'}, "r")
+    none = errors.SlurmTimeoutError(4, 10.0, {}, "/runs/x")
+    assert "ran out:\n(no rank had started)\nA rank waiting" in str(none) and none.result is None
