@@ -724,3 +724,18 @@ def test_a_timeout_keeps_each_stacks_indent_drops_its_trailing_blank_and_says_wh
     assert (e.job_id, e.timeout, e.stacks, e.result) == (4, 10.0, {0: '  File "a.py", line 1\n\n'}, "r")
     none = errors.SlurmTimeoutError(4, 10.0, {}, "/runs/x")
     assert "ran out:\n(no rank had started)\nA rank waiting" in str(none) and none.result is None
+
+
+def test_each_slurm_error_says_its_words_and_keeps_what_it_was_given():
+    """Issue #60: word for word, as the errors module promises, and the attributes the callers read."""
+    e = errors.SlurmArgumentError("time", "ten", "not a time limit", "Give minutes, e.g. 10.")
+    assert str(e) == "distlab.slurm: invalid time='ten': not a time limit. Give minutes, e.g. 10." and e.name == "time"
+    assert isinstance(e, ValueError)
+    assert str(errors.SlurmArgumentError("nodes", 0, "at least 1")) == "distlab.slurm: invalid nodes=0: at least 1."
+    failed = errors.SlurmJobFailedError("job 3 failed", result="r", rank=1)
+    assert (str(failed), failed.result, failed.rank) == ("job 3 failed", "r", 1)
+    assert (errors.SlurmJobFailedError("x").result, errors.SlurmJobFailedError("x").rank) == (None, None)
+    assert str(errors.ClusterError("it needs root", "Run as root.")) == (
+        "distlab.slurm: cannot start a one-machine cluster: it needs root. Run as root.")
+    interrupted = errors.SlurmInterrupted(4, "/runs/x")
+    assert (interrupted.job_id, interrupted.run_dir) == (4, "/runs/x")
