@@ -739,3 +739,24 @@ def test_each_slurm_error_says_its_words_and_keeps_what_it_was_given():
         "distlab.slurm: cannot start a one-machine cluster: it needs root. Run as root.")
     interrupted = errors.SlurmInterrupted(4, "/runs/x")
     assert (interrupted.job_id, interrupted.run_dir) == (4, "/runs/x")
+
+
+def test_the_job_environment_word_for_word():
+    """Issue #60: every line of the wrappers and the TaskProlog, and the import paths in order, once each."""
+    import distlab
+    from distlab.slurm import jobenv
+
+    made = jobenv.wrappers(Path("/opt/my python/bin/python3"))
+    assert made["python3"] == ("#!/bin/sh\n# distlab: the notebook's `python3` for this cluster's jobs (the job user "
+                               "may not enter the notebook's environment)\nexec '/opt/my python/bin/python3' \"$@\"\n")
+    assert made["python"].splitlines()[1].startswith("# distlab: the notebook's `python` for")
+    assert made["torchrun"].splitlines()[1].startswith("# distlab: the notebook's `torchrun` for")
+    assert jobenv.prolog_text(Path("/d"), ["/a", "/b"]) == (
+        "#!/bin/sh\n# distlab: Slurm's TaskProlog. slurmstepd runs it as the job user before each task and sets every"
+        "\n# `export NAME=value` line it prints in the task's environment.\n"
+        'echo "export PATH=/d/env/bin:$PATH"\n'
+        'echo "export PYTHONPATH=/a:/b${PYTHONPATH:+:$PYTHONPATH}"\n'
+        'tmp=/d/tmp/job-"$SLURM_JOB_ID"\nmkdir -p -m 700 "$tmp" && echo "export TMPDIR=$tmp"\n')
+    own = str(Path(distlab.__file__).resolve().parents[1])
+    assert jobenv.import_paths(()) == [own]
+    assert jobenv.import_paths(("/site", own, "/site")) == [own, "/site"]
