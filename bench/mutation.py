@@ -57,6 +57,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a method's def cannot begin on the first line of its class statement"),
     ("distlab.capture.source._written_in", "candidate.span[0] < code.co_firstlineno",
      "a method's def cannot begin on the first line of its class statement"),
+    ("distlab.slurm.tail.Tail.flush", "self.partial.pop(path, None)",
+     "None and b'' are both false: the unfinished line is dropped either way"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
 ]

@@ -201,6 +201,9 @@ def test_a_slurm_job_tail_reads_each_file_from_where_it_stopped(tmp_path):
     with open(batch, "a") as f:
         f.write("srun: done")
     assert tail.lines() == [] and tail.lines(final=True) == [(None, Line("srun: done"))]
+    with open(tmp_path / "logs" / "attempt0" / "rank1.err", "a") as f:
+        f.write("last words")
+    assert tail.lines() == [] and tail.lines(final=True) == [(1, Line("last words"))]
     rows = tmp_path / "metrics" / "rank1.jsonl"
     rows.write_text('{"loss": 1.5}\nnot json\n{"loss": 0.')
     assert tail.metrics() == [(1, {"loss": 1.5})]
@@ -220,3 +223,7 @@ def test_a_tail_hands_on_whole_lines_and_the_rest_once_flushed(tmp_path):
         f.write(b"c\n\xff\nd")
     assert tail.read(path) == ["bc", "\ufffd"]
     assert tail.flush(path) == ["d"] and tail.flush(path) == []
+    assert tail.read(path) == []  # read up to its end: nothing is read twice
+    with open(path, "ab") as f:
+        f.write(b"e\n\xfe")
+    assert tail.read(path) == ["e"] and tail.flush(path) == ["\ufffd"]  # a broken last byte, replaced
