@@ -44,6 +44,8 @@ AGENT = textwrap.dedent("""
         print("taken", flush=True)
         os.dup2(fd, 1)
         step("taken")
+        if die_at == "hold":  # the run's agent, busy until the kernel's side kills it
+            signal.pause()
     else:  # a fresh agent: python -m distlab.launch.agent RUN_DIR NODE
         run_dir, node = sys.argv[4:6]
     print(f"{role} ran node {node}", flush=True)
@@ -103,7 +105,7 @@ def launch(tmp_path: Path, die_at: str, kill_at: str | None, monkeypatch) -> tup
 
 
 BEFORE_TAKEN = [("start", None), ("ready", None), ("request", None), ("log", None),
-                ("never", "waiting"), ("never", "taken"), ("never", "handed")]
+                ("never", "waiting"), ("never", "picked"), ("never", "handed")]
 
 
 @pytest.mark.parametrize(("die_at", "kill_at"), BEFORE_TAKEN)
@@ -114,7 +116,7 @@ def test_a_standby_killed_before_it_took_the_run_leaves_it_to_a_fresh_agent(tmp_
     assert folder.node_file(folder.agent_log, 0).read_text() == "fresh ran node 0\n"
 
 
-@pytest.mark.parametrize(("die_at", "kill_at"), [("taken", None), ("never", "took")])
+@pytest.mark.parametrize(("die_at", "kill_at"), [("taken", None), ("hold", "confirmed")])
 def test_a_standby_killed_after_it_took_the_run_is_that_runs_agent_dying(tmp_path, monkeypatch, die_at, kill_at):
     outcome, folder = launch(tmp_path, die_at, kill_at, monkeypatch)
     assert outcome.failures is None
@@ -128,6 +130,26 @@ def test_a_standby_that_takes_the_run_runs_it(tmp_path, monkeypatch):
     assert (outcome.error, outcome.failures) == (None, None)
     assert json.loads(folder.node_file(folder.agent_json, 0).read_text())["ran_by"] == "standby"
     assert folder.node_file(folder.agent_log, 0).read_text() == "standby ran node 0\n"
+
+
+def test_a_launch_interrupted_while_the_standby_takes_its_run_stops_that_standby(tmp_path, monkeypatch):
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    nodes = StandInNodes(script, "never", "agent-node0.json")
+    try:
+        standby.refill(nodes)
+        proc = standby.take(nodes, 0)
+
+        def interrupted(moment, proc):
+            if moment == "handed":
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(standby, "at", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            standby.hand(proc, tmp_path, 0, tmp_path / "agent-node0.log")
+        assert proc.poll() is not None  # stopped, not left to run the run nobody watches
+    finally:
+        nodes.close()
 
 
 def test_an_agent_with_a_log_reports_its_end(tmp_path):

@@ -50,8 +50,8 @@ class Heard:
 
 
 def at(moment: str, proc: subprocess.Popen) -> None:
-    """A hook called at each step of a hand-over (``taken``: out of the waiting list, ``handed``:
-    the run written to it, ``took``: it said ``taken``): tests kill the standby there."""
+    """A hook called at each step of a hand-over (``picked``: out of the waiting list, ``handed``:
+    the run written to it, ``confirmed``: it said ``taken``): tests kill the standby there."""
 
 
 def waiting_pids() -> set[int]:
@@ -72,7 +72,7 @@ def take(nodes, node: int) -> subprocess.Popen | None:
     if proc is None or proc.poll() is not None or nodes.closed:
         _discard(proc)
         return None
-    at("taken", proc)
+    at("picked", proc)
     return proc
 
 
@@ -85,11 +85,16 @@ def hand(proc: subprocess.Popen, run_dir, node: int, log, timeout: float | None 
     except OSError:  # it died before it read the run
         _discard(proc)
         return False
-    at("handed", proc)
-    if _HEARD[proc].outcome(HANDOVER_S if timeout is None else timeout) != TAKEN:
+    try:
+        at("handed", proc)
+        taken = _HEARD[proc].outcome(HANDOVER_S if timeout is None else timeout) == TAKEN
+    except BaseException:  # interrupted while it takes the run: it must not run it unwatched
+        _discard(proc)
+        raise
+    if not taken:
         _discard(proc)
         return False
-    at("took", proc)
+    at("confirmed", proc)
     return True
 
 
