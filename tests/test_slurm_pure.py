@@ -760,3 +760,36 @@ def test_the_job_environment_word_for_word():
     own = str(Path(distlab.__file__).resolve().parents[1])
     assert jobenv.import_paths(()) == [own]
     assert jobenv.import_paths(("/site", own, "/site")) == [own, "/site"]
+
+
+def test_the_job_environment_is_installed_in_the_door_with_its_owners_and_modes(tmp_path, monkeypatch):
+    """Issue #60: ``install`` writes env/bin's three programs and the TaskProlog, root's and the door's
+    group's (0750), never over a file already there, and tmp/ the job user's alone (0700)."""
+    import stat
+    from types import SimpleNamespace
+
+    from distlab.slurm import jobenv, jobuser
+
+    if os.geteuid() != 0:
+        pytest.skip("handing files to root and the job user's group needs root")
+    account = SimpleNamespace(pw_uid=4321, pw_gid=4322, pw_name="job")
+    monkeypatch.setattr(jobuser, "job_python", lambda acc: (Path("/usr/bin/python3"), ("/site",)))
+    door = tmp_path / "door"
+    door.mkdir()
+    prolog = jobenv.install(door, account)
+    assert prolog == door / "task-prolog" and prolog.read_text() == jobenv.prolog_text(
+        door, jobenv.import_paths(("/site",)))
+    for path in (door / "env", door / "env/bin", prolog, *(door / "env/bin" / n for n in ("python", "python3",
+                                                                                        "torchrun"))):
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 4322, 0o750), path
+    assert (door / "env/bin/torchrun").read_text() == jobenv.wrappers(Path("/usr/bin/python3"))["torchrun"]
+    tmp = (door / "tmp").lstat()
+    assert (tmp.st_uid, tmp.st_gid, stat.S_IMODE(tmp.st_mode)) == (4321, 4322, 0o700)
+    with pytest.raises(FileExistsError):
+        jobenv._write(prolog, "planted", 4322)
+    assert jobenv.prolog_text(Path("/d"), []) == (
+        "#!/bin/sh\n# distlab: Slurm's TaskProlog. slurmstepd runs it as the job user before each task and sets every"
+        "\n# `export NAME=value` line it prints in the task's environment.\n"
+        'echo "export PATH=/d/env/bin:$PATH"\n'
+        'tmp=/d/tmp/job-"$SLURM_JOB_ID"\nmkdir -p -m 700 "$tmp" && echo "export TMPDIR=$tmp"\n')
