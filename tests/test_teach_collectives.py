@@ -334,7 +334,7 @@ class ThreadWorld:
         class Receive:
             def wait(self):
                 with world.cond:
-                    assert world.cond.wait_for(lambda: key in world.boxes, timeout=30), f"nothing came for {key}"
+                    assert world.cond.wait_for(lambda: key in world.boxes, timeout=10), f"nothing came for {key}"
                     tensor.copy_(world.boxes[key])
         return Receive()
 
@@ -357,11 +357,11 @@ class ThreadWorld:
                 results[rank] = fn(rank)
             except BaseException as e:  # noqa: BLE001  (re-raised below, in the test's thread)
                 errors.append(e)
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.n)]
+        threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(self.n)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(60)
+            t.join(20)
         if errors:
             raise errors[0]
         return results
