@@ -217,3 +217,48 @@ def test_a_zombie_has_no_start_time_its_folder_is_no_longer_used():
         assert owner.start_ticks(zombie.pid) is None  # ended, not yet reaped: gone
     finally:
         zombie.wait()
+
+
+def test_a_stat_line_gives_its_start_time_unless_the_process_ended():
+    """Issue #60: ``/proc/<pid>/stat`` read after the command name (which may hold ``)`` and spaces)."""
+    from distlab.folders import owner
+
+    rest = " ".join(str(k) for k in range(4, 53))  # fields 4.. of stat(5) (3 is the state): 22 is the start time
+    assert owner.ticks_in_stat(f"7 (python) S {rest}") == 22
+    assert owner.ticks_in_stat(f"7 (a) b (c) S {rest}") == 22
+    assert owner.ticks_in_stat(f"7 (x) Z {rest}") is None and owner.ticks_in_stat(f"7 (x) X {rest}") is None
+    assert owner.ticks_in_stat(f"7 (x) z {rest}") == 22 and owner.ticks_in_stat(f"7 (x) x {rest}") == 22
+    fields = f"S {rest}".split()
+    assert owner.ticks_in_stat("7 (x) " + " ".join(fields[:20])) == 22  # exactly up to the start time
+    assert owner.ticks_in_stat("7 (x) " + " ".join(fields[:19])) is None
+    assert owner.ticks_in_stat("") is None and owner.ticks_in_stat("7 (x") is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_command_name_that_is_not_ascii_or_holds_a_bracket_still_gives_the_start_time():
+    from pathlib import Path
+
+    from distlab.folders import owner
+
+    comm = Path("/proc/self/comm")
+    before, started = comm.read_bytes().rstrip(b"\n"), owner.start_ticks(os.getpid())
+    try:
+        for name in (b"t\xc3\xa9st) x", b"a) (b"):
+            comm.write_bytes(name)
+            assert owner.start_ticks(os.getpid()) == started
+    finally:
+        comm.write_bytes(before)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_pid_is_reused_once_its_process_started_a_margin_after_the_change(tmp_path):
+    from distlab.folders import owner
+
+    with open("/proc/stat", encoding="ascii") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    start = boot + owner.start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")
+    assert owner.reused(os.getpid(), since=start - 60.5) is True  # started more than 60 s after the change
+    assert owner.reused(os.getpid(), since=start - 59.5) is False
+    assert owner.reused(os.getpid(), since=start, margin_s=0) is False  # the very moment: not after
+    (tmp_path / owner.STAMP).write_text("bööt pid:[1] 1 2\n", encoding="utf-8")
+    assert owner.read(tmp_path) is None  # a stamp is ASCII: anything else is not one
