@@ -142,3 +142,15 @@ def test_a_views_edges():
     assert read_view(lambda p: "" if p == userns.UID_MAP else "65534\n") == HOST  # an empty map: the host's
     assert read_view(lambda p: "0 x 1\n") == HOST
     assert userns.current() is userns.current() and userns.current() == read_view()
+
+
+def test_the_view_is_read_once_per_process_and_again_in_a_forked_child(monkeypatch):
+    reads = []
+    monkeypatch.setattr(userns, "read_view", lambda: reads.append(1) or NODES)
+    userns._cached.cache_clear()
+    try:
+        assert userns.current() is NODES and userns.current() is NODES and len(reads) == 1
+        monkeypatch.setattr(os, "getpid", lambda: -7)  # what a forked child sees: another pid
+        assert userns.current() is NODES and len(reads) == 2
+    finally:
+        userns._cached.cache_clear()
