@@ -301,7 +301,8 @@ class ThreadWorld:
         import threading
 
         self.n, self.group, self.local = n, group, threading.local()
-        self.boxes: dict = {}
+        self.boxes: dict = {}  # sent, not yet received
+        self.posted: set = set()  # receives posted, not yet waited for
         self.cond = threading.Condition()
 
     def get_world_size(self, group=None):
@@ -330,12 +331,16 @@ class ThreadWorld:
     def irecv(self, tensor, src, group=None, tag=0):
         assert group is self.group
         world, key = self, (src, self.me(), tag)
+        with self.cond:
+            assert key not in self.posted, f"a second receive posted for {key}"
+            self.posted.add(key)
 
         class Receive:
             def wait(self):
                 with world.cond:
                     assert world.cond.wait_for(lambda: key in world.boxes, timeout=10), f"nothing came for {key}"
-                    tensor.copy_(world.boxes[key])
+                    tensor.copy_(world.boxes.pop(key))
+                    world.posted.discard(key)
         return Receive()
 
     @staticmethod
@@ -364,6 +369,9 @@ class ThreadWorld:
             t.join(20)
         if errors:
             raise errors[0]
+        # gloo pairs every send with a receive: one left over would hang the ranks' next wait
+        assert self.boxes == {}, f"sent and never received: {sorted(self.boxes)}"
+        assert self.posted == set(), f"receives posted and never waited for: {sorted(self.posted)}"
         return results
 
 
@@ -403,6 +411,16 @@ def test_the_reduce_scatter_leaves_each_rank_the_segment_it_owns_summed(monkeypa
     total = sum(torch.arange(9, dtype=torch.float32) + 10 * r for r in range(3))
     for r, k in owned.items():
         assert torch.equal(tensors[r][3 * k:3 * k + 3], total[3 * k:3 * k + 3])
+
+
+def test_the_rings_reduce_scatter_on_a_group(monkeypatch):
+    from distlab.teach import ring
+
+    world = ThreadWorld(2, group=[3, 5])
+    monkeypatch.setattr(ring, "dist", world)
+    tensors = {r: torch.full((4,), float(r + 1)) for r in range(2)}
+    assert world.run(lambda r: ring.ring_reduce_scatter(tensors[r], group=world.group, chunk_bytes=4)) == {0: 1, 1: 0}
+    assert torch.equal(tensors[0][2:], torch.full((2,), 3.0)) and torch.equal(tensors[1][:2], torch.full((2,), 3.0))
 
 
 def test_a_ring_of_one_and_a_tensor_that_is_not_contiguous(monkeypatch):
