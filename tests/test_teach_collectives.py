@@ -293,15 +293,18 @@ def test_ring_all_reduce_equals_dist_all_reduce(world_size):
 # --- chapter 5's ring on threads (issue #60): what it computes, without a process group ---------------------------
 
 class ThreadWorld:
-    """torch.distributed's point-to-point calls between threads, one thread per rank: each message
-    is kept under (source, destination, tag), and a tag used twice between two ranks is an error (gloo
-    would pair the wrong messages)."""
+    """torch.distributed's point-to-point calls between threads, one thread per rank. A message lands
+    in its receive's tensor as soon as both are posted, as on a network (so a buffer reused too early
+    is overwritten); it is kept under (source, destination, tag), and a tag used twice between two
+    ranks is an error (gloo would pair the wrong messages)."""
 
     def __init__(self, n: int, group=None):
         import threading
 
         self.n, self.group, self.local = n, group, threading.local()
-        self.boxes: dict = {}  # sent, not yet received
+        self.boxes: dict = {}  # sent, no receive posted yet
+        self.waiting: dict = {}  # receives posted, nothing sent yet: key -> its tensor
+        self.delivered: set = set()  # landed, not yet waited for
         self.posted: set = set()  # receives posted, not yet waited for
         self.cond = threading.Condition()
 
@@ -323,8 +326,12 @@ class ThreadWorld:
         assert group is self.group
         with self.cond:
             key = (self.me(), dst, tag)
-            assert key not in self.boxes, f"tag {tag} sent twice from {key[0]} to {dst}"
-            self.boxes[key] = tensor.clone()
+            assert key not in self.boxes and key not in self.delivered, f"tag {tag} sent twice from {key[0]} to {dst}"
+            if key in self.waiting:
+                self.waiting.pop(key).copy_(tensor)
+                self.delivered.add(key)
+            else:
+                self.boxes[key] = tensor.clone()
             self.cond.notify_all()
         return self.done()
 
@@ -334,12 +341,17 @@ class ThreadWorld:
         with self.cond:
             assert key not in self.posted, f"a second receive posted for {key}"
             self.posted.add(key)
+            if key in self.boxes:
+                tensor.copy_(self.boxes.pop(key))
+                self.delivered.add(key)
+            else:
+                self.waiting[key] = tensor
 
         class Receive:
             def wait(self):
                 with world.cond:
-                    assert world.cond.wait_for(lambda: key in world.boxes, timeout=10), f"nothing came for {key}"
-                    tensor.copy_(world.boxes.pop(key))
+                    assert world.cond.wait_for(lambda: key in world.delivered, timeout=10), f"nothing came for {key}"
+                    world.delivered.discard(key)
                     world.posted.discard(key)
         return Receive()
 
@@ -375,17 +387,19 @@ class ThreadWorld:
         return results
 
 
-@pytest.mark.parametrize("n, numel, chunk_bytes", [(2, 10, 8), (3, 11, 8), (4, 40, 4), (3, 7, 1 << 20), (5, 3, 4)])
+@pytest.mark.parametrize("n, numel, chunk_bytes", [(2, 10, 8), (3, 11, 8), (4, 40, 4), (3, 7, 1 << 20), (5, 3, 4),
+                                                    (3, 30, 16)])
 def test_the_ring_sums_every_element_on_every_rank(monkeypatch, n, numel, chunk_bytes):
     from distlab.teach import ring
 
     world = ThreadWorld(n)
     monkeypatch.setattr(ring, "dist", world)
-    inputs = [torch.arange(numel, dtype=torch.float64) * (r + 1) + r for r in range(n)]
+    # float64 values float32 cannot hold: a scratch buffer of another dtype would round them
+    inputs = [torch.arange(numel, dtype=torch.float64) * (r + 1) / 3 + r for r in range(n)]
     out = world.run(lambda r: ring.ring_all_reduce(inputs[r].clone(), chunk_bytes=chunk_bytes))
     expected = sum(inputs)
-    for r in range(n):
-        assert torch.equal(out[r], expected), (r, out[r], expected)
+    for r in range(n):  # the same bits on every rank; as the sum to float64's precision (not float32's)
+        assert torch.equal(out[r], out[0]) and torch.allclose(out[r], expected, rtol=1e-12, atol=0), (r, out[r])
 
 
 def test_the_ring_on_a_group_talks_to_the_groups_global_ranks(monkeypatch):
