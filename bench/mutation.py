@@ -94,6 +94,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a second scratch buffer at 2 ranks (one step, nothing posted ahead) only costs memory"),
     ("distlab.teach.ring.reduce_scatter_phase", "range(2 if n > 2 else 2)",
      "a second scratch buffer at 2 ranks (one step, nothing posted ahead) only costs memory"),
+    ("distlab.teach.sampler.global_order", "math.ceil(size * n)",
+     "more rounds of the order than needed, then cut to the same size: only memory"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
 ]

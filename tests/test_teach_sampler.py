@@ -178,3 +178,9 @@ def test_check_same_order_and_join_lr_word_for_word(capsys):
     assert raised(S.check_join_lr, 0.15 * (1 + 1e-8), lr=0.2, world=4, ranks_left=3) == (
         "Not quite. The all-reduce adds 3 real gradient(s) and 1 zero(s), then divides by 4.")
     assert S.check_join_lr(0.15 * (1 + 1e-10), lr=0.2, world=4, ranks_left=3) is True
+
+
+def test_the_defaults_are_torchs_a_sampler_made_without_a_seed_or_an_epoch():
+    sampler = DistributedSampler(range(10), num_replicas=4, rank=1)  # seed=0, and no set_epoch: epoch 0
+    assert S.rank_indices(10, 4, 1) == list(sampler)
+    assert S.global_order(10, 4)[1::4] == list(sampler) and S.epoch_order(10) == S.epoch_order(10, 0, 0)
