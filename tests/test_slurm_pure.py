@@ -773,7 +773,8 @@ def test_the_job_environment_is_installed_in_the_door_with_its_owners_and_modes(
     if os.geteuid() != 0:
         pytest.skip("handing files to root and the job user's group needs root")
     account = SimpleNamespace(pw_uid=4321, pw_gid=4322, pw_name="job")
-    monkeypatch.setattr(jobuser, "job_python", lambda acc: (Path("/usr/bin/python3"), ("/site",)))
+    monkeypatch.setattr(jobuser, "job_python", lambda acc: (Path("/usr/bin/python3"), ("/site",)) if acc is account
+                        else pytest.fail(f"job_python asked about {acc!r}"))
     door = tmp_path / "door"
     door.mkdir()
     prolog = jobenv.install(door, account)
