@@ -105,6 +105,7 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.slurm.jobenv.install", "os.makedirs(door / BIN, 489)", "chmod sets 0750 on env and env/bin right after"),
     ("distlab.slurm.jobenv._write", "os.O_NOFOLLOW, )", "chmod sets 0750 right after, inside the root's 0750 door"),
     ("distlab.slurm.jobenv._write", "os.O_NOFOLLOW, 449)", "chmod sets 0750 right after, inside the root's 0750 door"),
+    ("distlab.teach.sampler.check_join_lr", "math.isclose(float(answer), want, )", "1e-9 is isclose's default"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
 ]

@@ -184,3 +184,9 @@ def test_the_defaults_are_torchs_a_sampler_made_without_a_seed_or_an_epoch():
     sampler = DistributedSampler(range(10), num_replicas=4, rank=1)  # seed=0, and no set_epoch: epoch 0
     assert S.rank_indices(10, 4, 1) == list(sampler)
     assert S.global_order(10, 4)[1::4] == list(sampler) and S.epoch_order(10) == S.epoch_order(10, 0, 0)
+
+
+def test_check_rank_indices_defaults_and_an_unshuffled_answer(capsys):
+    assert S.check_rank_indices(S.rank_indices(10, 4, 3), n=10, world=4, rank=3) is True  # seed 0, epoch 0
+    assert S.check_rank_indices([3, 7, 1], n=10, world=4, rank=3, shuffle=False) is True
+    assert capsys.readouterr().out == "correct\ncorrect\n"
