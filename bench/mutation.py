@@ -106,6 +106,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.slurm.jobenv._write", "os.O_NOFOLLOW, )", "chmod sets 0750 right after, inside the root's 0750 door"),
     ("distlab.slurm.jobenv._write", "os.O_NOFOLLOW, 449)", "chmod sets 0750 right after, inside the root's 0750 door"),
     ("distlab.teach.sampler.check_join_lr", "math.isclose(float(answer), want, )", "1e-9 is isclose's default"),
+    ("distlab.teach.ring.prepare_ring", "step = max(2, chunk_bytes",
+     "a chunk of 2 elements instead of 1 when chunk_bytes is below one element: other pieces, the same sum"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
 ]
