@@ -1,16 +1,24 @@
-"""Mutation testing of the launcher's pure modules (issue #21). Slow (tens of minutes); not part of CI.
+"""Mutation testing of distlab's pure modules (issues #21, #60). The full form is slow; CI runs a sampled one.
 
 Runs mutmut 3: it copies the project into ``mutants/``, breaks the code one small change at a
 time and runs the fast tests against each break. Which modules and which tests is configured in
-``[tool.mutmut]`` of pyproject.toml (``only_mutate``: add a module there; tests that start
-processes are not selected). Then this script lists every surviving mutant that is not accepted
-below as equivalent, and ends with
+``[tool.mutmut]`` of pyproject.toml (``only_mutate``: every module whose tests start no process;
+tests that start processes are not selected). Then this script lists every surviving mutant that
+is not accepted below as equivalent, the score of each module, and ends with
 
-    score: X      (killed / (total - equivalent); timeouts count as killed)
+    score: X      (killed / (total - equivalent); timeouts, untested and not-run mutants are survivors)
 
-    python bench/mutation.py                 # from scratch (deletes mutants/)
-    python bench/mutation.py --keep          # reuse mutants/: mutmut reruns only what changed
-    python bench/mutation.py --report-only   # score the last run again
+    python bench/mutation.py                      # the full form, from scratch (deletes mutants/), module by module
+    python bench/mutation.py --module nodes.plan  # one module (repeatable); reuses mutants/
+    python bench/mutation.py --report-only        # score the last run again
+    python bench/mutation.py --changed            # CI's form: the modules the change touched, within 5 minutes
+
+"The change" (``--changed``): the files that differ between the first parent of HEAD and the working
+tree. On main, HEAD is the lead's merge commit, so that is everything the merge brought; on a
+branch, the last commit plus anything not committed. ``--base REF`` names another starting point.
+Its mutants run fastest first (mutmut's order) until ``--budget`` seconds (default 300) are spent;
+the ones not reached are counted as sampled out, not as survivors. It exits 1 when any mutant it ran
+survived that is not listed below as equivalent.
 
 An equivalent mutant changes the code but not what it does, so no test can kill it. Each one is
 matched by the function it is in and a piece of its mutated line, with the reason it is harmless.
@@ -18,17 +26,22 @@ matched by the function it is in and a piece of its mutated line, with the reaso
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-GOAL = 0.85
-KILLED = {"killed", "timeout", "segfault", "caught by type check"}
+GOAL = 0.95
+# a mutant a test caught; "timeout", "suspicious", "survived", "no tests" and "not checked" are survivors
+KILLED = {"killed", "segfault", "caught by type check"}
+BUDGET_S = 300  # the sampled form's limit (CI)
 
 # (module.function the mutant is in, text in its mutated line, why no test can tell it apart)
 EQUIVALENT: list[tuple[str, str, str]] = [
@@ -44,15 +57,79 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a method's def cannot begin on the first line of its class statement"),
     ("distlab.capture.source._written_in", "candidate.span[0] < code.co_firstlineno",
      "a method's def cannot begin on the first line of its class statement"),
+    ("distlab.slurm.tail.Tail.flush", "self.partial.pop(path, None)",
+     "None and b'' are both false: the unfinished line is dropped either way"),
+    # /proc's files are ASCII: the codec they are read with, or its name's case, changes nothing
+    ("distlab.folders.owner.machine", 'boot_id", encoding=None)', "/proc's boot id is ASCII"),
+    ("distlab.folders.owner.machine", 'boot_id", )', "/proc's boot id is ASCII"),
+    ("distlab.folders.owner.machine", 'encoding="ASCII"', "a codec name's case does not matter"),
+    ("distlab.folders.owner.start_ticks", 'encoding=None, errors="replace"', "read as UTF-8 with replace: "
+     "only the command name may hold other bytes, and it is cut off"),
+    ("distlab.folders.owner.start_ticks", 'stat", errors="replace")', "as above (the default codec)"),
+    ("distlab.folders.owner.start_ticks", 'encoding="ASCII"', "a codec name's case does not matter"),
+    ("distlab.folders.owner.read", 'encoding="ASCII"', "a codec name's case does not matter"),
+    ("distlab.folders.owner.reused", '"/proc/stat", encoding=None)', "/proc/stat is ASCII"),
+    ("distlab.folders.owner.reused", '"/proc/stat", )', "/proc/stat is ASCII"),
+    ("distlab.folders.owner.reused", 'encoding="ASCII"', "a codec name's case does not matter"),
+    ("distlab.folders.owner.reused", "return True",
+     "the except branch: Linux's /proc/stat always has its btime line (only that branch returns False twice)"),
+    ("distlab.folders.owner.write", "getattr(None,", "O_CREAT|O_EXCL already refuses any existing name, a link "
+     "included: O_NOFOLLOW adds nothing"),
+    ("distlab.folders.owner.write", 'getattr(os, "O_NOFOLLOW", None)', "the name exists on Linux"),
+    ("distlab.folders.owner.write", 'getattr(os, "O_NOFOLLOW", )', "the name exists on Linux"),
+    ("distlab.folders.owner.write", 'getattr(os, "O_NOFOLLOW", 1)', "the name exists on Linux"),
+    ("distlab.folders.owner.write", '"XXO_NOFOLLOWXX"', "O_CREAT|O_EXCL already refuses a link (see above)"),
+    ("distlab.folders.owner.write", '"o_nofollow"', "O_CREAT|O_EXCL already refuses a link (see above)"),
+    ("distlab.folders.owner.write", 'os.fdopen(fd, "w", encoding=None)', "a stamp is ASCII in any codec"),
+    ("distlab.folders.owner.write", 'os.fdopen(fd, "w", )', "a stamp is ASCII in any codec"),
+    ("distlab.folders.owner.write", 'encoding="ASCII"', "a codec name's case does not matter"),
+    ("distlab.teach.ring.reduce_scatter_phase", "dtype=like.dtype, device=None)",
+     "the scratch buffers' device: the fast tests have only a CPU"),
+    ("distlab.teach.ring.reduce_scatter_phase", "dtype=like.dtype, ) for",
+     "the scratch buffers' device: the fast tests have only a CPU"),
+    ("distlab.teach.ring.reduce_scatter_phase", "range(2 if (n > 2) or True else 1)",
+     "a second scratch buffer where one suffices only costs memory"),
+    ("distlab.teach.ring.reduce_scatter_phase", "range(3 if n > 2 else 1)", "a third scratch buffer only costs memory"),
+    ("distlab.teach.ring.reduce_scatter_phase", "range(2 if n >= 2 else 1)",
+     "a second scratch buffer at 2 ranks (one step, nothing posted ahead) only costs memory"),
+    ("distlab.teach.ring.reduce_scatter_phase", "range(2 if n > 2 else 2)",
+     "a second scratch buffer at 2 ranks (one step, nothing posted ahead) only costs memory"),
+    ("distlab.teach.sampler.global_order", "math.ceil(size * n)",
+     "more rounds of the order than needed, then cut to the same size: only memory"),
+    ("distlab.teach.ring.add_on_this_thread", "if dst.device.type",
+     "which of two ways to add the same numbers (in slices or at once) is taken: the sum is the same"),
+    ("distlab.teach.ring.add_on_this_thread", "src.split(SERIAL_NUMEL), strict=None)", "dst and src have one size"),
+    ("distlab.teach.ring.add_on_this_thread", "src.split(SERIAL_NUMEL), )", "dst and src have one size"),
+    ("distlab.teach.ring.add_on_this_thread", "src.split(SERIAL_NUMEL), strict=False)", "dst and src have one size"),
+    ("distlab.slurm.jobenv.install", "os.makedirs(door / BIN, )", "chmod sets 0750 on env and env/bin right after"),
+    ("distlab.slurm.jobenv.install", "os.makedirs(door / BIN, 489)", "chmod sets 0750 on env and env/bin right after"),
+    ("distlab.slurm.jobenv._write", "os.O_NOFOLLOW, )", "chmod sets 0750 right after, inside the root's 0750 door"),
+    ("distlab.slurm.jobenv._write", "os.O_NOFOLLOW, 449)", "chmod sets 0750 right after, inside the root's 0750 door"),
+    ("distlab.teach.sampler.check_join_lr", "math.isclose(float(answer), want, )", "1e-9 is isclose's default"),
+    ("distlab.teach.ring.prepare_ring", "step = max(2, chunk_bytes",
+     "a chunk of 2 elements instead of 1 when chunk_bytes is below one element: other pieces, the same sum"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
 ]
 
 
-def mutmut(*args: str, check: bool = True) -> str:
-    """Run mutmut in the project root; its progress goes to our stdout when not captured."""
+def mutmut(*args: str, check: bool = True, timeout: float | None = None) -> str:
+    """Run mutmut in the project root; its progress goes to our stdout when not captured. ``run``
+    with a ``timeout``: stopped there (its whole process group), the mutants not reached stay unchecked."""
     command = [sys.executable, "-m", "mutmut", *args]
-    done = subprocess.run(command, cwd=ROOT, text=True, capture_output=args[0] != "run")
+    if args[0] == "run":
+        with subprocess.Popen(command, cwd=ROOT, text=True, start_new_session=True) as proc:
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                print(f"mutation.py: the {timeout:.0f} s budget is spent; mutants not reached are sampled out")
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return ""
+        if check and code != 0:
+            sys.exit(f"mutation.py: `mutmut {' '.join(args)}` failed ({code})")
+        return ""
+    done = subprocess.run(command, cwd=ROOT, text=True, capture_output=True)
     if check and done.returncode != 0:
         sys.exit(f"mutation.py: `mutmut {' '.join(args)}` failed ({done.returncode}):\n{done.stderr or ''}")
     return done.stdout or ""
@@ -84,6 +161,11 @@ def function_of(name: str) -> str:
     return f"{module}.{mangled.replace('ǁ', '.').lstrip('.')}"
 
 
+def module_of(name: str) -> str:
+    """``distlab.capture.collect.x_compact__mutmut_3`` -> ``distlab.capture.collect``."""
+    return name.rpartition(".")[0]
+
+
 def equivalence(name: str) -> str | None:
     """The reason a surviving mutant is accepted, or None when it is a gap in the tests."""
     where = function_of(name)
@@ -97,21 +179,30 @@ def equivalence(name: str) -> str | None:
     return None
 
 
-def report(found: dict[str, str]) -> float:
+def score_of(found: dict[str, str], accepted: dict[str, str]) -> tuple[int, int]:
+    """(killed, counted): equivalent mutants count as neither."""
+    killed = sum(s in KILLED for s in found.values())
+    return killed, len(found) - sum(n in found for n in accepted)
+
+
+def report(found: dict[str, str], sampled_out: int = 0) -> float:
     survivors = sorted(n for n, s in found.items() if s not in KILLED)
     accepted = {n: r for n in survivors if (r := equivalence(n)) is not None}
-    killed = sum(s in KILLED for s in found.values())
-    counted = len(found) - len(accepted)
-    print(f"\nmodules: {', '.join(configured_modules())}")
-    print(f"mutants: {len(found)}, killed: {killed}, equivalent (accepted): {len(accepted)}, "
-          f"not killed: {len(survivors) - len(accepted)}")
+    killed, counted = score_of(found, accepted)
+    print(f"\nmutants: {len(found)}, killed: {killed}, equivalent (accepted): {len(accepted)}, "
+          f"not killed: {len(survivors) - len(accepted)}" + (f", sampled out: {sampled_out}" if sampled_out else ""))
     for name in survivors:
         if name not in accepted:
             print(f"  {found[name]:10} {name}: {' | '.join(mutated_lines(name))}")
     print("accepted as equivalent:")
     for name, reason in accepted.items():
         print(f"  {name}: {reason}")
-    score = killed / counted if counted else 0.0
+    print("per module (killed / counted):")
+    for module in sorted({module_of(n) for n in found}):
+        mine = {n: s for n, s in found.items() if module_of(n) == module}
+        k, c = score_of(mine, {n: r for n, r in accepted.items() if n in mine})
+        print(f"  {module:36} {k:5} / {c:<5} {k / c if c else 1.0:.3f}")
+    score = killed / counted if counted else 1.0
     print(f"goal: {GOAL}")
     print(f"score: {score:.3f}")
     return score
@@ -123,6 +214,23 @@ def mutmut_config() -> dict:
 
 def configured_modules() -> list[str]:
     return [m for m in mutmut_config()["only_mutate"] if (ROOT / m).exists()]
+
+
+def dotted(path: str) -> str:
+    """``src/distlab/nodes/plan.py`` -> ``distlab.nodes.plan``."""
+    return path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+
+
+def changed_modules(base: str | None) -> list[str]:
+    """The configured modules that differ between ``base`` (default: HEAD's first parent) and the
+    working tree: what the change touched."""
+    base = base or "HEAD^1"
+    done = subprocess.run(["git", "diff", "--name-only", base, "--"], cwd=ROOT, text=True, capture_output=True)
+    if done.returncode != 0:
+        sys.exit(f"mutation.py: git cannot say what changed since {base}: {done.stderr.strip()}\n"
+                 "(a clone with its history is needed; or name a starting point with --base)")
+    touched = set(done.stdout.split())
+    return [m for m in configured_modules() if m in touched]
 
 
 # Fast test files that use a mutated module but stay out of the selection, and why.
@@ -142,19 +250,55 @@ def unselected_tests() -> list[str]:
             and "pytestmark = pytest.mark.slow" not in p.read_text()]
 
 
+def run_modules(modules: list[str], max_children: int, budget: float | None) -> None:
+    """mutmut over ``modules`` (dotted names), one after another: a machine shared with others
+    never has every module's mutants queued at once."""
+    started = time.monotonic()
+    for module in modules:
+        left = None if budget is None else budget - (time.monotonic() - started)
+        if left is not None and left <= 0:
+            break
+        print(f"mutation.py: {module}", flush=True)
+        mutmut("run", "--max-children", str(max_children), f"{module}.*", timeout=left)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="reuse mutants/ from the last run")
     parser.add_argument("--report-only", action="store_true", help="only score the last run")
+    parser.add_argument("--module", action="append", default=[], help="only this module (e.g. nodes.plan)")
+    parser.add_argument("--changed", action="store_true", help="CI's form: the modules the change touched")
+    parser.add_argument("--base", help="with --changed: where the change starts (default HEAD^1)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="with --changed: seconds (default 300)")
     parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     options = parser.parse_args()
     for path in unselected_tests():
         print(f"mutation.py: {path} tests a mutated module but is not selected in [tool.mutmut]")
+    every = [dotted(m) for m in configured_modules()]
+    modules = every
+    if options.module:
+        modules = [m if m.startswith("distlab.") else f"distlab.{m}" for m in options.module]
+        unknown = sorted(set(modules) - set(every))
+        if unknown:
+            sys.exit(f"mutation.py: not in [tool.mutmut] only_mutate: {', '.join(unknown)}")
+    if options.changed:
+        modules = [dotted(m) for m in changed_modules(options.base)]
+        print(f"mutation.py: the change touched {', '.join(modules) or 'no mutated module'}")
+        if not modules:
+            return
     if not options.report_only:
-        if not options.keep:
+        if not (options.keep or options.module or options.changed):
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        mutmut("run", "--max-children", str(options.max_children))
-    report(statuses())
+        run_modules(modules, options.max_children, options.budget if options.changed else None)
+    found = {n: s for n, s in statuses().items() if module_of(n) in modules}
+    sampled_out = 0
+    if options.changed:  # mutants the budget did not reach: a smaller sample, not survivors
+        sampled_out = sum(s == "not checked" for s in found.values())
+        found = {n: s for n, s in found.items() if s != "not checked"}
+    score = report(found, sampled_out)
+    if options.changed:
+        sys.exit(0 if score == 1.0 else 1)
+    sys.exit(0 if score >= GOAL else 1)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ with the probe's facts set by the test.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -117,7 +118,8 @@ def shell(tmp_path, monkeypatch):
     folder = tmp_path / "recorded"
     folder.mkdir()
     monkeypatch.setattr(recorded, "FOLDER", folder)
-    monkeypatch.setattr(recorded.find, "__defaults__", (folder,))
+    # (a partial, not find's __defaults__: under mutation testing find is a wrapper without them)
+    monkeypatch.setattr(recorded, "find", functools.partial(recorded.find, folder=folder))
     recorded.everything.cache_clear()
     monkeypatch.setattr(magic, "_EXPLAINED", {})               # each test a fresh chapter
     saved = probe._FACTS

@@ -78,3 +78,63 @@ def test_the_refusal_names_the_setting_that_refuses():
     assert "apparmor_restrict_unprivileged_userns=0" in namespaces.refusal_cause(read)
     assert "CAP_SYS_ADMIN" in namespaces.refusal_cause(lambda p: "5")
     assert namespaces.missing_tools(lambda tool, path=None: None if tool == "tc" else "/bin/" + tool) == ["tc"]
+
+
+# --- word for word, and at the edges (issue #60: each kills mutants the checks above let through) -----------------
+
+def refusal(call, *args) -> str:
+    with pytest.raises(LaunchArgumentError) as caught:
+        call(*args)
+    return str(caught.value)
+
+
+def test_the_number_of_nodes_refusals_word_for_word_and_its_edges_accepted():
+    assert refusal(plan.count, "2") == (
+        "distlab: invalid argument n='2': the number of nodes must be an int. For example distlab.Nodes(2).")
+    assert refusal(plan.count, 11) == (
+        "distlab: invalid argument n=11: the number of nodes must be between 1 and 10. torch numbers nodes by "
+        "sorted host name, which is node order only up to node9; a lesson needs 2 to 8.")
+    assert refusal(plan.count, 0).startswith("distlab: invalid argument n=0: the number of nodes must be between")
+    assert [plan.count(n) for n in (1, 2, plan.MAX_NODES)] == [1, 2, 10]
+
+
+def test_the_rate_refusals_word_for_word_and_the_slowest_rate_accepted():
+    forms = "Give a rate as tc writes it: a positive number and bit, kbit, mbit, gbit or tbit, e.g. '1gbit', '100mbit'"
+    assert refusal(plan.rate_bits, "fast") == (
+        f"distlab: invalid argument rate='fast': not a link rate. {forms}, or None for no limit.")
+    assert refusal(plan.rate_bits, "7999bit") == (
+        f"distlab: invalid argument rate='7999bit': below 8 kbit, too slow to carry a packet a second. {forms}.")
+    assert plan.rate_bits("8kbit") == 8000 and plan.rate_bits("8000bit") == 8000
+    assert plan.rate_bits("1TBIT") == 10**12 and plan.rate_bits("0.5mbit") == 500_000
+    assert refusal(plan.rate_bits, "0.0mbit").startswith("distlab: invalid argument rate='0.0mbit': not a link rate")
+
+
+def test_the_whole_tc_command_and_the_bucket_at_its_floor():
+    assert plan.shape_command("eth0", 10**8) == ["qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+                                                  "100000000bit", "burst", "100000", "latency", "20ms"]
+    floor_bits = plan.MIN_BURST * 8 * 125  # the rate whose two ticks fill exactly the smallest bucket
+    assert plan.burst_bytes(floor_bits) == plan.MIN_BURST == 16384
+    assert plan.burst_bytes(floor_bits + 1000) == plan.MIN_BURST + 1
+    assert plan.burst_bytes(10**9 + 999) == 1_000_000
+
+
+def test_a_node_index_refusal_word_for_word():
+    assert refusal(plan.node_index, 5, 2) == (
+        "distlab: invalid argument node=5: there are nodes 0 to 1. Give a node's index or its host name, "
+        "e.g. 1 or 'node1'.")
+    assert plan.node_index(0, 1) == 0 and plan.node_index("node0", 1) == 0
+    assert refusal(plan.node_index, "xnode1", 2).startswith("distlab: invalid argument node='xnode1'")
+    assert refusal(plan.node_index, "node1x", 2).startswith("distlab: invalid argument node='node1x'")
+
+
+def test_the_hosts_file_line_by_line():
+    assert plan.hosts_file(2) == ("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                                  "10.77.0.1\tnode0\n10.77.0.2\tnode1\n"
+                                  "::ffff:10.77.0.1\tnode0-v4mapped\n::ffff:10.77.0.2\tnode1-v4mapped\n")
+    assert plan.switch_port(3) == "n3"
+
+
+def test_traffic_skips_a_node_whose_port_is_missing_and_reads_each_counter():
+    ports = [{"ifname": "n1", "stats64": {"rx": {"bytes": 9, "packets": 2}, "tx": {"bytes": 4, "packets": 3}}}]
+    assert plan.traffic(json.dumps(ports), 2) == {
+        1: {"sent_bytes": 9, "received_bytes": 4, "sent_packets": 2, "received_packets": 3}}

@@ -1,6 +1,7 @@
 """The private temporary folders of processes (:mod:`distlab.folders.privtmp`): their names, which of them
 pruning may delete, and the runs root while one is ``tempfile``'s folder. No worker processes."""
 import os
+import time
 
 import pytest
 
@@ -166,3 +167,98 @@ def test_a_sigterm_during_the_exit_handlers_does_not_stop_the_folders_removal(tm
                           env={**os.environ, "DISTLAB_RUNS": str(tmp_path / "runs")})
     assert done.returncode == 0, done.stderr
     assert not os.path.exists(done.stdout.strip())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_stamp_word_by_word_and_each_reason_a_folder_cannot_be_judged(tmp_path):
+    """Issue #60: the stamp's four words, a zombie and a missing pid as gone, and every stamp that
+    says nothing (none, garbled, another pid, another machine)."""
+    from distlab.folders import owner
+
+    boot, ns = owner.machine()
+    assert len(boot) == 36 and ns.startswith("pid:[")
+    me, started = os.getpid(), owner.start_ticks(os.getpid())
+    with open(f"/proc/{me}/stat") as f:
+        assert started == int(f.read().rsplit(")", 1)[1].split()[19])
+    assert owner.stamp() == owner.stamp(me) == f"{boot} {ns} {me} {started}\n"
+    assert owner.start_ticks(999_999_999) is None and owner.stamp(999_999_999) is None
+    folder = tmp_path / "p"
+    folder.mkdir(mode=0o700)
+    owner.write(folder)
+    assert (folder / owner.STAMP).read_text() == owner.stamp() and owner.read(folder) == (boot, ns, me, started)
+    assert oct((folder / owner.STAMP).stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(FileExistsError):
+        owner.write(folder)  # never written over (nor through a link someone planted)
+    assert owner.verdict(folder, me) is False and owner.verdict(folder, me, started=lambda pid: started + 1) is True
+    assert owner.verdict(folder, me + 1) is None and owner.verdict(folder, me, here=("other", ns)) is None
+    assert owner.verdict(folder, me, here=(boot, "pid:[1]")) is None
+    assert owner.verdict(tmp_path, me) is None  # no stamp
+    for garbled in ("a b c\n", "a b c d e\n", f"{boot} {ns} x 1\n", "\xff"):
+        (folder / owner.STAMP).write_text(garbled, encoding="latin-1")
+        assert owner.read(folder) is None
+    assert owner.reused(me, since=0) is True and owner.reused(me, since=time.time()) is False
+    assert owner.reused(999_999_999, since=0) is False
+
+
+@pytest.mark.slow  # it starts a process
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_zombie_has_no_start_time_its_folder_is_no_longer_used():
+    import subprocess
+    import sys
+
+    import psutil
+
+    from distlab.folders import owner
+
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        assert owner.start_ticks(zombie.pid) is None  # ended, not yet reaped: gone
+    finally:
+        zombie.wait()
+
+
+def test_a_stat_line_gives_its_start_time_unless_the_process_ended():
+    """Issue #60: ``/proc/<pid>/stat`` read after the command name (which may hold ``)`` and spaces)."""
+    from distlab.folders import owner
+
+    rest = " ".join(str(k) for k in range(4, 53))  # fields 4.. of stat(5) (3 is the state): 22 is the start time
+    assert owner.ticks_in_stat(f"7 (python) S {rest}") == 22
+    assert owner.ticks_in_stat(f"7 (a) b (c) S {rest}") == 22
+    assert owner.ticks_in_stat(f"7 (x) Z {rest}") is None and owner.ticks_in_stat(f"7 (x) X {rest}") is None
+    assert owner.ticks_in_stat(f"7 (x) z {rest}") == 22 and owner.ticks_in_stat(f"7 (x) x {rest}") == 22
+    fields = f"S {rest}".split()
+    assert owner.ticks_in_stat("7 (x) " + " ".join(fields[:20])) == 22  # exactly up to the start time
+    assert owner.ticks_in_stat("7 (x) " + " ".join(fields[:19])) is None
+    assert owner.ticks_in_stat("") is None and owner.ticks_in_stat("7 (x") is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_command_name_that_is_not_ascii_or_holds_a_bracket_still_gives_the_start_time():
+    from pathlib import Path
+
+    from distlab.folders import owner
+
+    comm = Path("/proc/self/comm")
+    before, started = comm.read_bytes().rstrip(b"\n"), owner.start_ticks(os.getpid())
+    try:
+        for name in (b"t\xc3\xa9st) x", b"a) (b"):
+            comm.write_bytes(name)
+            assert owner.start_ticks(os.getpid()) == started
+    finally:
+        comm.write_bytes(before)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="stamps read /proc (Linux)")
+def test_a_pid_is_reused_once_its_process_started_a_margin_after_the_change(tmp_path):
+    from distlab.folders import owner
+
+    with open("/proc/stat", encoding="ascii") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    start = boot + owner.start_ticks(os.getpid()) / os.sysconf("SC_CLK_TCK")
+    assert owner.reused(os.getpid(), since=start - 60.5) is True  # started more than 60 s after the change
+    assert owner.reused(os.getpid(), since=start - 59.5) is False
+    assert owner.reused(os.getpid(), since=start, margin_s=0) is False  # the very moment: not after
+    (tmp_path / owner.STAMP).write_text("bööt pid:[1] 1 2\n", encoding="utf-8")
+    assert owner.read(tmp_path) is None  # a stamp is ASCII: anything else is not one

@@ -184,3 +184,46 @@ def test_a_warm_rank_bar_on_stderr_is_shown_once_as_progress_not_as_stderr(monke
     sink.finish()
     assert out.getvalue() == "[rank0] start\n[rank0]  67%|######6   | 2/3 [00:00<00:00, 9.9it/s]real warning\n"
     assert errs.getvalue() == "[rank1] a warning\n"
+
+
+def test_a_slurm_job_tail_reads_each_file_from_where_it_stopped(tmp_path):
+    """Issue #60: the batch script's output first, then each rank's; metrics rows only once whole."""
+    folder = RunFolder(tmp_path)
+    (tmp_path / "logs" / "attempt0").mkdir(parents=True)
+    (tmp_path / "metrics").mkdir()
+    batch = tmp_path / "batch.out"
+    tail = JobTail(folder, batch)
+    assert tail.lines() == [] and tail.lines(final=True) == [] and tail.metrics() == []
+    batch.write_text("srun: started\n")
+    (tmp_path / "logs" / "attempt0" / "rank1.err").write_text("warn\n")
+    assert tail.lines() == [(None, Line("srun: started")), (1, Line("warn"))]
+    assert tail.lines() == []  # nothing new: nothing again
+    with open(batch, "a") as f:
+        f.write("srun: done")
+    assert tail.lines() == [] and tail.lines(final=True) == [(None, Line("srun: done"))]
+    with open(tmp_path / "logs" / "attempt0" / "rank1.err", "a") as f:
+        f.write("last words")
+    assert tail.lines() == [] and tail.lines(final=True) == [(1, Line("last words"))]
+    rows = tmp_path / "metrics" / "rank1.jsonl"
+    rows.write_text('{"loss": 1.5}\nnot json\n{"loss": 0.')
+    assert tail.metrics() == [(1, {"loss": 1.5})]
+    with open(rows, "a") as f:
+        f.write('5}\n')
+    assert tail.metrics() == [(1, {"loss": 0.5})]
+
+
+def test_a_tail_hands_on_whole_lines_and_the_rest_once_flushed(tmp_path):
+    from distlab.slurm.tail import Tail
+
+    path, tail = tmp_path / "f", Tail()
+    assert tail.read(path) == [] and tail.flush(path) == []
+    path.write_bytes(b"a\nb")
+    assert tail.read(path) == ["a"] and tail.read(path) == []
+    with open(path, "ab") as f:
+        f.write(b"c\n\xff\nd")
+    assert tail.read(path) == ["bc", "\ufffd"]
+    assert tail.flush(path) == ["d"] and tail.flush(path) == []
+    assert tail.read(path) == []  # read up to its end: nothing is read twice
+    with open(path, "ab") as f:
+        f.write(b"e\n\xfe")
+    assert tail.read(path) == ["e"] and tail.flush(path) == ["\ufffd"]  # a broken last byte, replaced

@@ -119,3 +119,38 @@ def test_a_vouched_root_under_a_folder_others_can_write_is_still_refused(host_fo
 def test_inside_the_nodes_the_default_root_is_the_kernels(host_folder, monkeypatch):
     monkeypatch.setattr(userns, "current", lambda: NODES)
     assert private.default_root() == host_folder / "distlab-1001"  # not distlab-0: you are 0 only in there
+
+
+def test_a_views_edges():
+    """Issue #60: where a map starts and ends, and what is read when /proc says less than usual."""
+    assert HOST.initial and HOST.covered() == 4294967295
+    assert not UidView(((0, 0, 4294967294),)).initial  # every uid as it is, but not all of them
+    assert not UidView(((0, 1, 4294967295),)).initial  # all of them, shifted
+    assert not NODES.initial and UidView(((0, 0, 10), (10, 10, 4294967285))).initial
+    assert CONTAINER.maps(0) and CONTAINER.maps(65535) and not CONTAINER.maps(65536)
+    assert not UidView(((5, 0, 1),)).maps(4) and UidView(((5, 0, 1),)).maps(5)
+    assert UidView(((0, 1001, 1),), overflow=7).hides(7) and not UidView(((0, 1001, 1),), overflow=7).hides(65534)
+    assert UidView(((0, 1001, 1), (1, 2000, 1))).outer_uid(0) == 0  # two single maps: not distlab's nodes
+    assert UidView(((3, 1001, 1),)).outer_uid(0) == 0 and UidView(((3, 1001, 1),)).outer_uid(3) == 1001
+    assert parse_uid_map("\n 0 1001 1\n\n 1 2000 5\n") == ((0, 1001, 1), (1, 2000, 5))
+    with pytest.raises(ValueError):
+        parse_uid_map("0 1001\n")
+    assert read_view(lambda p: "0 1001 1\n" if p == userns.UID_MAP else "4242\n").overflow == 4242
+    assert read_view(lambda p: "0 1001 1\n" if p == userns.UID_MAP else "x\n").overflow == 65534
+    unreadable = {userns.UID_MAP: "0 1001 1\n"}
+    assert read_view(lambda p: unreadable.get(p) or (_ for _ in ()).throw(OSError(p))) == NODES
+    assert read_view(lambda p: "" if p == userns.UID_MAP else "65534\n") == HOST  # an empty map: the host's
+    assert read_view(lambda p: "0 x 1\n") == HOST
+    assert userns.current() is userns.current() and userns.current() == read_view()
+
+
+def test_the_view_is_read_once_per_process_and_again_in_a_forked_child(monkeypatch):
+    reads = []
+    monkeypatch.setattr(userns, "read_view", lambda: reads.append(1) or NODES)
+    userns._cached.cache_clear()
+    try:
+        assert userns.current() is NODES and userns.current() is NODES and len(reads) == 1
+        monkeypatch.setattr(os, "getpid", lambda: -7)  # what a forked child sees: another pid
+        assert userns.current() is NODES and len(reads) == 2
+    finally:
+        userns._cached.cache_clear()

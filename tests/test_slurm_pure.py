@@ -777,3 +777,93 @@ if [ "$n" -lt 2 ]; then echo "COMPLETED|allocation|node0"; else echo "COMPLETED|
     (tmp_path / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=other JobState=COMPLETED NodeList=x'\n")
     with pytest.raises(errors.SlurmError, match=r"no whole final record of job 7 after 1 s: COMPLETED\|fine"):
         cluster.accounted(7, env, timeout=1)
+
+
+def test_the_layout_of_a_jobs_own_files():
+    """Issue #60: each of distlab.slurm's file names, as the layout's docstring lists them."""
+    from distlab.slurm import layout
+
+    attempt = Path("/r/logs/attempt2")
+    assert layout.exit_file(attempt, 3) == attempt / "rank3.exit"
+    assert layout.rank_run_json(attempt, 3) == attempt / "rank3.run.json"
+    assert layout.batch_log(Path("/r"), 41) == Path("/r/logs/slurm-41.out")
+    assert (layout.META, layout.SBATCH) == ("slurm-job.json", "job.sbatch")
+
+
+def test_a_timeout_keeps_each_stacks_indent_drops_its_trailing_blank_and_says_when_none_started():
+    """Issue #60: a stack's first line is indented (``  File ...``); only its end is trimmed."""
+    e = errors.SlurmTimeoutError(4, 10.0, {0: '  File "a.py", line 1\n\n'}, "/runs/x", result="r")
+    assert '--- rank 0 ---\n  File "a.py", line 1\nA rank waiting' in str(e)
+    assert (e.job_id, e.timeout, e.stacks, e.result) == (4, 10.0, {0: '  File "a.py", line 1\n\n'}, "r")
+    none = errors.SlurmTimeoutError(4, 10.0, {}, "/runs/x")
+    assert "ran out:\n(no rank had started)\nA rank waiting" in str(none) and none.result is None
+
+
+def test_each_slurm_error_says_its_words_and_keeps_what_it_was_given():
+    """Issue #60: word for word, as the errors module promises, and the attributes the callers read."""
+    e = errors.SlurmArgumentError("time", "ten", "not a time limit", "Give minutes, e.g. 10.")
+    assert str(e) == "distlab.slurm: invalid time='ten': not a time limit. Give minutes, e.g. 10." and e.name == "time"
+    assert isinstance(e, ValueError)
+    assert str(errors.SlurmArgumentError("nodes", 0, "at least 1")) == "distlab.slurm: invalid nodes=0: at least 1."
+    failed = errors.SlurmJobFailedError("job 3 failed", result="r", rank=1)
+    assert (str(failed), failed.result, failed.rank) == ("job 3 failed", "r", 1)
+    assert (errors.SlurmJobFailedError("x").result, errors.SlurmJobFailedError("x").rank) == (None, None)
+    assert str(errors.ClusterError("it needs root", "Run as root.")) == (
+        "distlab.slurm: cannot start a one-machine cluster: it needs root. Run as root.")
+    interrupted = errors.SlurmInterrupted(4, "/runs/x")
+    assert (interrupted.job_id, interrupted.run_dir) == (4, "/runs/x")
+
+
+def test_the_job_environment_word_for_word():
+    """Issue #60: every line of the wrappers and the TaskProlog, and the import paths in order, once each."""
+    import distlab
+    from distlab.slurm import jobenv
+
+    made = jobenv.wrappers(Path("/opt/my python/bin/python3"))
+    assert made["python3"] == ("#!/bin/sh\n# distlab: the notebook's `python3` for this cluster's jobs (the job user "
+                               "may not enter the notebook's environment)\nexec '/opt/my python/bin/python3' \"$@\"\n")
+    assert made["python"].splitlines()[1].startswith("# distlab: the notebook's `python` for")
+    assert made["torchrun"].splitlines()[1].startswith("# distlab: the notebook's `torchrun` for")
+    assert jobenv.prolog_text(Path("/d"), ["/a", "/b"]) == (
+        "#!/bin/sh\n# distlab: Slurm's TaskProlog. slurmstepd runs it as the job user before each task and sets every"
+        "\n# `export NAME=value` line it prints in the task's environment.\n"
+        'echo "export PATH=/d/env/bin:$PATH"\n'
+        'echo "export PYTHONPATH=/a:/b${PYTHONPATH:+:$PYTHONPATH}"\n'
+        'tmp=/d/tmp/job-"$SLURM_JOB_ID"\nmkdir -p -m 700 "$tmp" && echo "export TMPDIR=$tmp"\n')
+    own = str(Path(distlab.__file__).resolve().parents[1])
+    assert jobenv.import_paths(()) == [own]
+    assert jobenv.import_paths(("/site", own, "/site")) == [own, "/site"]
+
+
+def test_the_job_environment_is_installed_in_the_door_with_its_owners_and_modes(tmp_path, monkeypatch):
+    """Issue #60: ``install`` writes env/bin's three programs and the TaskProlog, root's and the door's
+    group's (0750), never over a file already there, and tmp/ the job user's alone (0700)."""
+    import stat
+    from types import SimpleNamespace
+
+    from distlab.slurm import jobenv, jobuser
+
+    if os.geteuid() != 0:
+        pytest.skip("handing files to root and the job user's group needs root")
+    account = SimpleNamespace(pw_uid=4321, pw_gid=4322, pw_name="job")
+    monkeypatch.setattr(jobuser, "job_python", lambda acc: (Path("/usr/bin/python3"), ("/site",)) if acc is account
+                        else pytest.fail(f"job_python asked about {acc!r}"))
+    door = tmp_path / "door"
+    door.mkdir()
+    prolog = jobenv.install(door, account)
+    assert prolog == door / "task-prolog" and prolog.read_text() == jobenv.prolog_text(
+        door, jobenv.import_paths(("/site",)))
+    for path in (door / "env", door / "env/bin", prolog, *(door / "env/bin" / n for n in ("python", "python3",
+                                                                                        "torchrun"))):
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 4322, 0o750), path
+    assert (door / "env/bin/torchrun").read_text() == jobenv.wrappers(Path("/usr/bin/python3"))["torchrun"]
+    tmp = (door / "tmp").lstat()
+    assert (tmp.st_uid, tmp.st_gid, stat.S_IMODE(tmp.st_mode)) == (4321, 4322, 0o700)
+    with pytest.raises(FileExistsError):
+        jobenv._write(prolog, "planted", 4322)
+    assert jobenv.prolog_text(Path("/d"), []) == (
+        "#!/bin/sh\n# distlab: Slurm's TaskProlog. slurmstepd runs it as the job user before each task and sets every"
+        "\n# `export NAME=value` line it prints in the task's environment.\n"
+        'echo "export PATH=/d/env/bin:$PATH"\n'
+        'tmp=/d/tmp/job-"$SLURM_JOB_ID"\nmkdir -p -m 700 "$tmp" && echo "export TMPDIR=$tmp"\n')

@@ -291,3 +291,186 @@ def test_ring_all_reduce_equals_dist_all_reduce(world_size):
     if world_size == 2:
         (row,) = res.returns[0]["rows"]
         assert row["impl"] == "ring" and row["bytes"] == 4096 and row["checked"] and row["busbw"] > 0
+
+
+# --- chapter 5's ring on threads (issue #60): what it computes, without a process group ---------------------------
+
+class ThreadWorld:
+    """torch.distributed's point-to-point calls between threads, one thread per rank. A message lands
+    in its receive's tensor as soon as both are posted, as on a network (so a buffer reused too early
+    is overwritten); it is kept under (source, destination, tag), and a tag used twice between two
+    ranks is an error (gloo would pair the wrong messages)."""
+
+    def __init__(self, n: int, group=None):
+        import threading
+
+        self.n, self.group, self.local = n, group, threading.local()
+        self.boxes: dict = {}  # sent, no receive posted yet
+        self.waiting: dict = {}  # receives posted, nothing sent yet: key -> its tensor
+        self.delivered: set = set()  # landed, not yet waited for
+        self.posted: set = set()  # receives posted, not yet waited for
+        self.cond = threading.Condition()
+
+    def get_world_size(self, group=None):
+        assert group is self.group
+        return self.n
+
+    def get_rank(self, group=None):
+        assert group is self.group
+        return self.local.rank
+
+    def get_global_rank(self, group, i):
+        return group[i]
+
+    def me(self):
+        return self.local.rank if self.group is None else self.group[self.local.rank]
+
+    def isend(self, tensor, dst, group=None, tag=0):
+        assert group is self.group
+        with self.cond:
+            key = (self.me(), dst, tag)
+            assert key not in self.boxes and key not in self.delivered, f"tag {tag} sent twice from {key[0]} to {dst}"
+            if key in self.waiting:
+                self.waiting.pop(key).copy_(tensor)
+                self.delivered.add(key)
+            else:
+                self.boxes[key] = tensor.clone()
+            self.cond.notify_all()
+        return self.done()
+
+    def irecv(self, tensor, src, group=None, tag=0):
+        assert group is self.group
+        world, key = self, (src, self.me(), tag)
+        with self.cond:
+            assert key not in self.posted, f"a second receive posted for {key}"
+            self.posted.add(key)
+            if key in self.boxes:
+                tensor.copy_(self.boxes.pop(key))
+                self.delivered.add(key)
+            else:
+                self.waiting[key] = tensor
+
+        class Receive:
+            def wait(self):
+                with world.cond:
+                    assert world.cond.wait_for(lambda: key in world.delivered, timeout=10), f"nothing came for {key}"
+                    world.delivered.discard(key)
+                    world.posted.discard(key)
+        return Receive()
+
+    @staticmethod
+    def done():
+        class Done:
+            def wait(self):
+                pass
+        return Done()
+
+    def run(self, fn):
+        """fn(rank) on n threads; their results by rank."""
+        import threading
+
+        results, errors = {}, []
+
+        def body(rank):
+            self.local.rank = rank
+            try:
+                results[rank] = fn(rank)
+            except BaseException as e:  # noqa: BLE001  (re-raised below, in the test's thread)
+                errors.append(e)
+        threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        if errors:
+            raise errors[0]
+        # gloo pairs every send with a receive: one left over would hang the ranks' next wait
+        assert self.boxes == {}, f"sent and never received: {sorted(self.boxes)}"
+        assert self.posted == set(), f"receives posted and never waited for: {sorted(self.posted)}"
+        return results
+
+
+@pytest.mark.parametrize("n, numel, chunk_bytes", [(2, 10, 8), (3, 11, 8), (4, 40, 4), (3, 7, 1 << 20), (5, 3, 4),
+                                                    (3, 30, 16)])
+def test_the_ring_sums_every_element_on_every_rank(monkeypatch, n, numel, chunk_bytes):
+    from distlab.teach import ring
+
+    world = ThreadWorld(n)
+    monkeypatch.setattr(ring, "dist", world)
+    # float64 values float32 cannot hold: a scratch buffer of another dtype would round them
+    inputs = [torch.arange(numel, dtype=torch.float64) * (r + 1) / 3 + r for r in range(n)]
+    out = world.run(lambda r: ring.ring_all_reduce(inputs[r].clone(), chunk_bytes=chunk_bytes))
+    expected = sum(inputs)
+    for r in range(n):  # the same bits on every rank; as the sum to float64's precision (not float32's)
+        assert torch.equal(out[r], out[0]) and torch.allclose(out[r], expected, rtol=1e-12, atol=0), (r, out[r])
+
+
+def test_the_ring_on_a_group_talks_to_the_groups_global_ranks(monkeypatch):
+    from distlab.teach import ring
+
+    world = ThreadWorld(3, group=[4, 7, 9])
+    monkeypatch.setattr(ring, "dist", world)
+    out = world.run(lambda r: ring.ring_all_reduce(torch.full((6,), float(r + 1)), group=world.group, chunk_bytes=8))
+    assert all(torch.equal(t, torch.full((6,), 6.0)) for t in out.values())
+    places = world.run(lambda r: ring.prepare_ring(torch.zeros(6), world.group, 8)[0])
+    assert [(p.rank, p.left, p.right, p.step, p.chunks, p.n) for _, p in sorted(places.items())] == [
+        (0, 9, 7, 2, 1, 3), (1, 4, 9, 2, 1, 3), (2, 7, 4, 2, 1, 3)]
+
+
+def test_the_reduce_scatter_leaves_each_rank_the_segment_it_owns_summed(monkeypatch):
+    from distlab.teach import ring
+
+    world = ThreadWorld(3)
+    monkeypatch.setattr(ring, "dist", world)
+    tensors = {r: torch.arange(9, dtype=torch.float32) + 10 * r for r in range(3)}
+    owned = world.run(lambda r: ring.ring_reduce_scatter(tensors[r], chunk_bytes=4))
+    assert owned == {0: 1, 1: 2, 2: 0}
+    total = sum(torch.arange(9, dtype=torch.float32) + 10 * r for r in range(3))
+    for r, k in owned.items():
+        assert torch.equal(tensors[r][3 * k:3 * k + 3], total[3 * k:3 * k + 3])
+
+
+def test_the_rings_reduce_scatter_on_a_group(monkeypatch):
+    from distlab.teach import ring
+
+    world = ThreadWorld(2, group=[3, 5])
+    monkeypatch.setattr(ring, "dist", world)
+    tensors = {r: torch.full((4,), float(r + 1)) for r in range(2)}
+    assert world.run(lambda r: ring.ring_reduce_scatter(tensors[r], group=world.group, chunk_bytes=4)) == {0: 1, 1: 0}
+    assert torch.equal(tensors[0][2:], torch.full((2,), 3.0)) and torch.equal(tensors[1][:2], torch.full((2,), 3.0))
+
+
+def test_a_ring_of_one_and_a_tensor_that_is_not_contiguous(monkeypatch):
+    from distlab.teach import ring
+
+    one = ThreadWorld(1)
+    monkeypatch.setattr(ring, "dist", one)
+    t = torch.ones(4)
+    assert one.run(lambda r: ring.ring_all_reduce(t))[0] is t and one.boxes == {}
+    assert one.run(lambda r: ring.ring_reduce_scatter(t)) == {0: 0}
+    two = ThreadWorld(2)
+    monkeypatch.setattr(ring, "dist", two)
+    needs = r"^ring_all_reduce needs a contiguous tensor \(call \.contiguous\(\) first\)$"
+    with pytest.raises(ValueError, match=needs):
+        two.run(lambda r: ring.prepare_ring(torch.ones(4, 4).t(), None, 8))
+
+
+def test_the_ring_tags_every_message_of_a_call_apart():
+    from distlab.teach.ring import Ring
+
+    place = Ring(None, 0, 3, 1, 4)
+    tags = {place.tag(phase, step, chunk) for phase in (0, 1) for step in range(3) for chunk in range(4)}
+    assert tags == set(range(2 * 3 * 4))
+
+
+def test_add_on_this_thread_adds_in_slices_above_the_serial_size(monkeypatch):
+    from distlab.teach import ring
+
+    big = ring.SERIAL_NUMEL * 2 + 5
+    dst, src = torch.zeros(big), torch.arange(big, dtype=torch.float32)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    ring.add_on_this_thread(dst, src)
+    assert torch.equal(dst, src)
+    small = torch.ones(3)
+    ring.add_on_this_thread(small, torch.ones(3))
+    assert torch.equal(small, torch.full((3,), 2.0))

@@ -132,3 +132,25 @@ def test_exercise_checks(capsys):
     with pytest.raises(AssertionError, match="pair"):
         network.check_link_bytes(3)
     assert "correct" in capsys.readouterr().out
+
+
+def test_the_tables_as_the_chapter_prints_them(capsys):
+    """Issue #60: the law's table (with and without the fastest repeats) and the configurations' summary,
+    character for character; sizes in binary units at each unit's edge."""
+    rows = network.law_rows({4096: 0.002, 2**20: 0.01}, 2, 1e9, fastest={4096: 0.001, 2**20: 0.009})
+    network.print_rows(rows, "T")
+    network.print_rows(network.law_rows({4096: 0.002}, 2, 1e9), "U")
+    network.print_summary({"flat": {"step_s": 0.25, "vs_compute": 1.5, "waiting_s": 0.05, "mb_per_step": 12.345,
+                                    "loss": 0.12345}})
+    assert capsys.readouterr().out == (
+        "T\n"
+        "     size     measured        bound  bound/measured      fastest\n"
+        "     4 KB     2.000 ms     0.033 ms            0.02     1.000 ms\n"
+        "     1 MB    10.000 ms     8.389 ms            0.84     9.000 ms\n"
+        "U\n"
+        "     size     measured        bound  bound/measured\n"
+        "     4 KB     2.000 ms     0.033 ms            0.02\n"
+        "configuration                     step  x compute   waiting   MB/step     loss\n"
+        "flat                            250 ms       1.50     50 ms     12.35   0.1235\n")
+    assert [network.size_text(b) for b in (1023, 1024, 1536, 2**20 - 1, 2**20, 2**30)] == [
+        "1023 B", "1 KB", "1.5 KB", "1024 KB", "1 MB", "1 GB"]

@@ -107,3 +107,86 @@ def test_check_join_lr():
         S.check_join_lr(0.1, lr=0.1, world=2, ranks_left=1)
     with pytest.raises(AssertionError, match="1 real gradient"):
         S.check_join_lr(0.025, lr=0.1, world=2, ranks_left=1)
+
+
+# --- the exercise checks word for word (issue #60: a learner reads every one of these) --------------------------
+
+def raised(check, *args, **kw) -> str:
+    with pytest.raises(AssertionError) as caught:
+        check(*args, **kw)
+    return str(caught.value)
+
+
+def test_check_rank_indices_word_for_word(capsys):
+    kw = dict(n=10, world=4, rank=3, seed=7, epoch=2)
+    assert S.check_rank_indices(None, **kw) is False
+    assert capsys.readouterr().out == "No answer yet: replace None with a list of dataset indices.\n"
+    assert S.check_rank_indices([str(i) for i in S.rank_indices(10, 4, 3, seed=7, epoch=2)], **kw) is True
+    assert capsys.readouterr().out == "correct\n"
+    assert raised(S.check_rank_indices, [1, 2], **kw) == (
+        "Every rank gets num_samples = ceil(N / world) = 3 indices, you gave 2.")
+    assert raised(S.check_rank_indices, [1], **{**kw, "n": 9, "drop_last": True}) == (
+        "Every rank gets num_samples = floor(N / world) = 2 indices, you gave 1.")
+    assert raised(S.check_rank_indices, S.rank_indices(10, 4, 0, seed=7, epoch=2), **kw) == (
+        "That is rank 0's share. Rank r takes global positions r, r + world, r + 2*world, ...")
+    assert raised(S.check_rank_indices, S.rank_indices(10, 4, 3, seed=7, epoch=0), **kw) == (
+        "That is epoch 0's order. The generator is seeded with seed + epoch, so set_epoch changes it.")
+    assert raised(S.check_rank_indices, S.rank_indices(10, 4, 3, shuffle=False), **kw) == (
+        "That is the unshuffled order; with shuffle=True start from torch.randperm(N) with a generator seeded "
+        "seed + epoch.")
+    wrong = list(reversed(S.rank_indices(10, 4, 3, seed=7, epoch=2)))
+    hint = ("Not quite. Build the global order (a permutation of range(N) if shuffle, else range(N)), pad it by "
+            "repeating its start (or cut its tail with drop_last) to world * num_samples, then take "
+            "order[rank::world].")
+    assert raised(S.check_rank_indices, wrong, **kw) == hint
+    plain = dict(n=10, world=4, rank=3, shuffle=False)  # unshuffled: no epoch or order hint applies
+    assert raised(S.check_rank_indices, [9, 1, 3], **plain) == hint
+
+
+def test_check_counts_word_for_word(capsys):
+    assert S.check_counts(None, 10, 3, drop_last=False) is False
+    assert capsys.readouterr().out == "No answer yet: replace None with a tuple (per_rank, repeated, never_seen).\n"
+    assert S.check_counts(("4", 2.0, 0), 10, 3, drop_last=False) is True and capsys.readouterr().out == "correct\n"
+    assert raised(S.check_counts, (3, 2, 0), 10, 3, drop_last=False) == "per_rank: drop_last=False rounds N / world up."
+    assert raised(S.check_counts, (4, 0, 1), 10, 3, drop_last=True) == "per_rank: drop_last=True rounds N / world down."
+    assert raised(S.check_counts, (4, 1, 0), 10, 3, drop_last=False) == (
+        "repeated: padding fills world * per_rank - N slots with indices from the start of the order")
+    assert raised(S.check_counts, (3, 2, 1), 10, 3, drop_last=True) == (
+        "repeated: drop_last never pads, so nothing repeats.")
+    assert raised(S.check_counts, (3, 0, 0), 10, 3, drop_last=True) == (
+        "never_seen: drop_last cuts the order to world * per_rank, the rest is never read")
+    assert raised(S.check_counts, (4, 2, 1), 10, 3, drop_last=False) == (
+        "never_seen: without drop_last every index is read at least once.")
+
+
+def test_check_same_order_and_join_lr_word_for_word(capsys):
+    assert S.check_same_order(None, seed=3, epoch=4, other_seed=5) is False
+    assert capsys.readouterr().out == "No answer yet: replace None with an epoch number.\n"
+    assert S.check_same_order("2", seed=3, epoch=4, other_seed=5) is True and capsys.readouterr().out == "correct\n"
+    assert raised(S.check_same_order, 2, seed=3, epoch=4, other_seed=4) == (
+        "The sampler seeds its generator with seed + epoch; find the epoch that gives the same sum.")
+    assert S.check_same_order(3, seed=3, epoch=4, other_seed=4) is True  # 3 + 4 - 4
+    capsys.readouterr()
+    assert S.check_join_lr(None, lr=0.1, world=2, ranks_left=1) is False
+    assert capsys.readouterr().out == "No answer yet: replace None with a learning rate.\n"
+    assert S.check_join_lr("0.15", lr=0.2, world=4, ranks_left=3) is True
+    assert capsys.readouterr().out == (
+        "correct: 0.2 x 3/4 = 0.15: the extra steps move the weights 1.33333 times less than a plain step would\n")
+    assert raised(S.check_join_lr, 0.2, lr=0.2, world=4, ranks_left=3) == (
+        "That is what divide_by_initial_world_size=False gives. By default DDP divides by the initial world size, "
+        "and the joined ranks contribute zeros.")
+    assert raised(S.check_join_lr, 0.15 * (1 + 1e-8), lr=0.2, world=4, ranks_left=3) == (
+        "Not quite. The all-reduce adds 3 real gradient(s) and 1 zero(s), then divides by 4.")
+    assert S.check_join_lr(0.15 * (1 + 1e-10), lr=0.2, world=4, ranks_left=3) is True
+
+
+def test_the_defaults_are_torchs_a_sampler_made_without_a_seed_or_an_epoch():
+    sampler = DistributedSampler(range(10), num_replicas=4, rank=1)  # seed=0, and no set_epoch: epoch 0
+    assert S.rank_indices(10, 4, 1) == list(sampler)
+    assert S.global_order(10, 4)[1::4] == list(sampler) and S.epoch_order(10) == S.epoch_order(10, 0, 0)
+
+
+def test_check_rank_indices_defaults_and_an_unshuffled_answer(capsys):
+    assert S.check_rank_indices(S.rank_indices(10, 4, 3), n=10, world=4, rank=3) is True  # seed 0, epoch 0
+    assert S.check_rank_indices([3, 7, 1], n=10, world=4, rank=3, shuffle=False) is True
+    assert capsys.readouterr().out == "correct\ncorrect\n"

@@ -38,9 +38,14 @@ def start_ticks(pid: int) -> int | None:
     does not run (a zombie counts as gone: it runs nothing and its folder is no longer used)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-    except (OSError, IndexError):
+            return ticks_in_stat(f.read())
+    except OSError:
         return None
+
+
+def ticks_in_stat(text: str) -> int | None:
+    """The start time in a ``/proc/<pid>/stat`` line; None for a process that ended (state Z or X)."""
+    fields = text.rpartition(")")[2].split()  # after the command name, which may hold spaces and ")"
     if len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])

@@ -1,8 +1,8 @@
 """``python -m distlab.launch.agent RUN_DIR [NODE]``: torchelastic's agent for a multi-node run, out of the kernel.
 
 ``--standby``: import everything an agent needs, say ``ready``, then wait on standard input for
-``RUN_DIR NODE LOG`` (one line) and run that: a standby on each of :class:`distlab.Nodes` takes the
-agent's own start-up (an interpreter and torch, ~2 s) off the next launch (see
+``RUN_DIR NODE LOG`` (one line), open LOG, say ``taken`` and run that: a standby on each of
+:class:`distlab.Nodes` takes the agent's own start-up (an interpreter and torch, ~2 s) off the next launch (see
 :mod:`distlab.launch.standby`). Its input ending first (the kernel gone) ends it.
 
 torch's c10d rendezvous unpickles state it reads from the rendezvous store, which anyone who
@@ -182,6 +182,7 @@ def standby() -> int:
         return 0  # the kernel went, or no longer needs this standby
     run_dir, node, log = request
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    print("taken", flush=True)  # from here on, this is the run's agent (the kernel waits for this word)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

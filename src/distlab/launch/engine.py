@@ -380,7 +380,6 @@ def read_agent_report(folder: RunFolder, node: int | None, code: int | None, wat
     """Add one agent's report (``agent.json``, plain data) to the run's outcome."""
     path = folder.node_file(folder.agent_json, node)
     report = json.loads(path.read_text()) if path.exists() else {}
-    where = "" if node is None else f" on node {node}"
     if report.get("status") == "failed":
         on_node = {} if node is None else {"node": node}  # the error names where the rank ran
         outcome.failures = {**(outcome.failures or {}),
@@ -388,9 +387,26 @@ def read_agent_report(folder: RunFolder, node: int | None, code: int | None, wat
     elif report.get("status") == "interrupted":
         outcome.interrupted |= report.get("signal") == signal.SIGINT
     elif report.get("status") != "ok" and code is not None and not (watcher.timed_out or watcher.cancelled):
-        log_tail = folder.node_file(folder.agent_log, node).read_text(errors="replace")[-3000:]
-        outcome.error = outcome.error or report.get("error") or \
-            f"the agent{where} exited with code {code}:\n{log_tail}"
+        outcome.error = outcome.error or report.get("error") or agent_exit(folder, node, code)
+
+
+def agent_exit(folder: RunFolder, node: int | None, code: int) -> str:
+    """What an agent that ended without a report says: where it ran, its exit status, the end of
+    its log, or that it died before it wrote any (killed as it started: there is no log to show)."""
+    where = "" if node is None else f" on node {node}"
+    status = f"exited with code {code}" + (f" (killed by {signal_name(-code)})" if code < 0 else "")
+    path = folder.node_file(folder.agent_log, node)
+    tail = path.read_text(errors="replace")[-3000:] if path.exists() else ""
+    if not tail.strip():
+        return f"the agent{where} {status} before it wrote anything to its log ({path.name})"
+    return f"the agent{where} {status}:\n{tail}"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 PEER_FAILURE_SIGNS = ("closed by peer", "reset by peer", "likely closed", "Broken pipe", "pair closure")
