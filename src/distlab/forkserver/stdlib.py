@@ -5,8 +5,9 @@ sets fields of the module-level ``_forkserver`` and ``_resource_tracker`` in a f
 a start method in ``context._concrete_contexts``, and :mod:`distlab.forkserver.tracker` lends the
 resource tracker's module another ``util`` while the tracker starts. None of that is public API, so
 each name in :data:`SURFACE` was read, with the code around it, in the standard library of CPython
-3.10.13, 3.11.7, 3.12.1 and 3.13.0 (their ``Lib/multiprocessing``), and in CPython main's
-``forkserver.py`` and ``resource_tracker.py`` as of 2026, which carry 3.14's changes: the forkserver's
+3.10.13, 3.11.7, 3.12.1 and 3.13.0 (their ``Lib/multiprocessing``), and in copies of CPython main's
+``forkserver.py`` and ``resource_tracker.py`` as of 2026 (3.14's own files were not at hand), which
+carry 3.14's changes: the forkserver's
 authentication (``_forkserver_authkey``, on the protocol distlab replaces at both ends), the resource
 tracker's ``_launch`` (which still spawns through its module's ``util.spawnv_passfds``), and, in
 main, a fork hook that closes the tracker's pipe in a child of a bare ``os.fork()`` (a forked rank
