@@ -25,6 +25,8 @@ def test_features_arrive_in_the_releases_read_in_the_wheels():
         False, False, True, True]
     assert [compat.has_since(gloo, v) for v in ("2.9.1", "2.11.0+cu128", "2.12.0", "2.14.1")] == [
         False, False, True, True]
+    v_on_one_rank = "pipeline stages side by side on one rank"
+    assert [compat.has_since(v_on_one_rank, v) for v in ("2.11.0+cu130", "2.12.0", "2.15.0")] == [False, True, True]
     # a later major release is later, whatever its minor number
     assert compat.has_since(gloo, "3.0.0")
 

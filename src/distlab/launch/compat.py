@@ -12,7 +12,7 @@ Each is public torch API that appeared in a known release (dates of the upstream
 Hence ``torch>=2.9`` in ``pyproject.toml``. The check below looks for the features themselves,
 so a build that has them passes whatever its version string says.
 
-The chapters use two features newer than that floor (:data:`FEATURE_SINCE`); on an older torch
+The chapters use three features newer than that floor (:data:`FEATURE_SINCE`); on an older torch
 (Colab's 2.11, say) a chapter shows what that torch does instead and goes on:
 
 * DDP's ``forward_sync_buffers`` (torch 2.13, pytorch#178054), the new name of ``broadcast_buffers``:
@@ -26,7 +26,7 @@ The chapters use two features newer than that floor (:data:`FEATURE_SINCE`); on 
   connected"); 2.12's warm-up (``_warmup_forward_vote``) passes it inside the rank. A fix inside a
   schedule has no public name to look for, so this one goes by the release.
 
-Both releases were read in the released wheels themselves, not guessed: ``forward_sync_buffers``
+The three releases were read in the released wheels themselves, not guessed: ``forward_sync_buffers``
 first appears in 2.13.0's ``torch/nn/parallel/distributed.py`` (absent from 2.9.0 to 2.12.1), and
 ``ProcessGroupGloo::alltoall`` first among 2.12.0's ``libtorch_cpu.so`` symbols (absent from 2.11.0),
 and the warm-up first in 2.12.0's ``torch/distributed/pipelining/schedules.py``.
