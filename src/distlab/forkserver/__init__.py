@@ -12,6 +12,8 @@ Modules, each with the process it runs in:
 * ``client``: starts the server, asks it for forks, waits for forked ranks to be gone (kernel).
 * ``tracker``: ``multiprocessing``'s resource tracker, started where a kernel's shutdown does not
   wait for it (kernel).
+* ``stdlib``: the private names of ``multiprocessing`` the server and the tracker use, and the Python
+  versions they were read in; elsewhere both fall back to the standard behaviour, with a warning (kernel).
 * ``prestart``: starts the server in the background when a notebook imports distlab (kernel).
 * ``peercred``: who is at the other end of a Unix socket; the server's check on every connection
   (kernel and server).

@@ -48,12 +48,22 @@ def resolve_start(start: str, env=None, platform: str | None = None, forkserver_
 
 
 def forkserver_works() -> bool:
-    """Whether this Python can pass fds to a forkserver and accept distlab's start method."""
+    """Whether this Python can pass fds to a forkserver and accept distlab's start method, and its
+    ``multiprocessing`` is one distlab's forkserver was checked against (:mod:`distlab.forkserver.stdlib`;
+    else a warning, and ranks start as fresh interpreters)."""
     try:
         from multiprocessing import context, popen_forkserver  # noqa: F401  (ImportError on Windows)
     except ImportError:
         return False
-    return isinstance(getattr(context, "_concrete_contexts", None), dict)
+    if not isinstance(getattr(context, "_concrete_contexts", None), dict):
+        return False
+    from distlab.forkserver import stdlib, tracker
+
+    reason = tracker.current_problem()
+    if reason is not None:
+        stdlib.warn_once(reason, 'ranks start as fresh interpreters (start="spawn"), not from distlab\'s forkserver')
+        return False
+    return True
 
 
 def rank_environment(kernel_env: dict, current: dict) -> dict:

@@ -15,37 +15,73 @@ cell, is killed the same way.)
 
 In a session of its own the tracker is not ipykernel's child to wait for; it still ends with the
 kernel (its pipe closes). Runs in the kernel (and in any process that starts a forkserver).
+
+How: while the tracker starts, the tracker's module sees another ``util`` whose ``spawnv_passfds``
+starts it with ``setsid``. Every CPython from 3.10 to 3.14 (and main) starts the tracker through its
+module's ``util.spawnv_passfds`` (:mod:`distlab.forkserver.stdlib` says what was read). On a Python
+outside those, or one whose tracker module has no ``util``, the tracker starts the standard way with
+a warning; and if a tracker started while lent the other ``util`` was not started through it (a
+changed ``multiprocessing``), a warning says so.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from multiprocessing import resource_tracker, util
 
+from distlab.forkserver import stdlib
+
 _LOCK = threading.Lock()
+FALLBACK = ("multiprocessing's resource tracker starts the standard way, in the kernel's process group, "
+            "where a Jupyter kernel's shutdown may wait for it (see distlab.forkserver.tracker)")
+
+
+@functools.lru_cache(maxsize=1)
+def current_problem() -> str | None:
+    """:func:`distlab.forkserver.stdlib.problem` for this Python, asked once."""
+    return stdlib.problem()
 
 
 def ensure_running() -> None:
     """:func:`multiprocessing.resource_tracker.ensure_running`, with a tracker it starts now put in a
     session of its own (one already running, started by someone else, stays where it is)."""
+    reason = current_problem()
+    if reason is not None:
+        stdlib.warn_once(reason, FALLBACK)
+        resource_tracker.ensure_running()
+        return
     with _LOCK:
-        saved = resource_tracker.util
-        resource_tracker.util = _OwnSession()
+        before = _tracker_pid()
+        saved, own = resource_tracker.util, _OwnSession()
+        resource_tracker.util = own
         try:
             resource_tracker.ensure_running()
         finally:
             resource_tracker.util = saved
+        started = _tracker_pid()
+    if started not in (None, before) and started not in own.spawned:
+        stdlib.warn_once("multiprocessing started its resource tracker without the spawnv_passfds distlab "
+                         "lent it (a changed resource_tracker module)", FALLBACK)
+
+
+def _tracker_pid() -> int | None:
+    return getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
 
 
 class _OwnSession:
     """``multiprocessing.util`` as the tracker module sees it, but for ``spawnv_passfds``."""
 
+    def __init__(self):
+        self.spawned: list[int] = []
+
     def __getattr__(self, name):
         return getattr(util, name)
 
-    @staticmethod
-    def spawnv_passfds(path: str, args: list[str], passfds) -> int:
-        return spawn_in_own_session(path, args, passfds)
+    def spawnv_passfds(self, path: str, args: list[str], passfds) -> int:
+        pid = spawn_in_own_session(path, args, passfds)
+        self.spawned.append(pid)
+        return pid
 
 
 def spawn_in_own_session(path: str, args: list[str], passfds) -> int:
