@@ -3,52 +3,31 @@
 stack: tests/platform_jupyter.py drives it as JupyterLab does.
 
 The stack's Python comes from ``DISTLAB_PLATFORM_PYTHON`` (CI's platform-stack venv, built from
-tests/constraints-platform.txt). Unset, this test builds one itself, once, under the user's cache
-folder: the Jupyter pins of that file with this machine's torch 2.13.0 (the Jupyter differences
-apart from torch's). Nothing is skipped: a venv that cannot be built fails the test.
+tests/constraints-platform.txt). Unset, it is that same venv, the one the platform-stack run uses
+(tests/platform_venv.py: built once per machine under the user's cache folder, torch 2.11.0 with the
+platforms' Jupyter). Nothing is skipped: a venv that cannot be built fails the test.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-CONSTRAINTS = REPO / "tests" / "constraints-platform.txt"
-OWN_TORCH = "torch==2.13.0"
 STACK = {"IPython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1", "jupyter_client": "7.4.9",
          "psutil": "5.9.5"}
 
 
-def jupyter_pins() -> list[str]:
-    """The constraints file's pins, but torch's (a CUDA build of 2.11 is GBs: this test is about Jupyter)."""
-    lines = [line.strip() for line in CONSTRAINTS.read_text().splitlines()]
-    return [line for line in lines if line and not line.startswith("#") and not line.startswith("torch==")]
-
-
-def build_venv() -> Path:
-    """A venv with the platforms' Jupyter and torch 2.13.0, made once under the cache folder."""
-    pins = [OWN_TORCH, *jupyter_pins(), "tqdm"]
-    tag = hashlib.sha256("\n".join(pins).encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    venv = cache / "distlab" / f"platform-jupyter-{tag}"
-    python = venv / "bin" / "python"
-    if (venv / "complete").exists():
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], check=True, timeout=1800)
-    (venv / "complete").touch()
-    return python
-
-
 def platform_python() -> Path:
     given = os.environ.get("DISTLAB_PLATFORM_PYTHON")
-    return Path(given) if given else build_venv()
+    if given:
+        return Path(given)
+    import platform_venv
+
+    return platform_venv.ensure() / "bin" / "python"
 
 
 def test_the_platforms_jupyter_runs_the_magics_live_view_warm_ranks_and_knobs(tmp_path):
