@@ -123,7 +123,10 @@ def _stopped_by_sigterm(folder: Path, resumable: str) -> tuple[subprocess.Comple
     checkpoint = folder / "ckpt.pt"
     with reserved_port() as port:
         env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               # the DataLoader's workers share tensors through a multiprocessing folder (pymp-*), left
+               # behind by the SIGTERM: in the test's own folder, as a Slurm job's private TMPDIR holds it
+               "TMPDIR": str(folder)}
         proc = subprocess.Popen(
             [sys.executable, "ddp_resumable.py", "--epochs", "2", "--size", "512", "--log-every", "1",
              "--step-time", "0.5", "--num-workers", "2", "--checkpoint", str(checkpoint)],
