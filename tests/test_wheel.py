@@ -67,12 +67,18 @@ def test_the_wheel_holds_every_module_of_the_tree(wheel):
     assert tree and tree <= names, sorted(tree - names)
 
 
-@pytest.mark.slow
-def test_the_installed_wheel_spawns_and_keeps_warm_ranks_outside_the_checkout(wheel, tmp_path):
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(wheel, tmp_path_factory):
+    """The wheel installed once, as pip installs it, into a folder outside the checkout."""
+    site = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target", str(site),
                            str(wheel)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    return site
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_spawns_and_keeps_warm_ranks_outside_the_checkout(site, tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "program.py").write_text(PROGRAM)
@@ -84,12 +90,8 @@ def test_the_installed_wheel_spawns_and_keeps_warm_ranks_outside_the_checkout(wh
 
 
 @pytest.mark.slow
-def test_chapter_10s_benchmark_runs_from_the_installed_package_alone(wheel, tmp_path):
+def test_chapter_10s_benchmark_runs_from_the_installed_package_alone(site, tmp_path):
     """Chapter 10 runs bench/launch_latency.py through perf.run_bench; opened alone, no bench/ lies beside it."""
-    site = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--target", str(site),
-                           str(wheel)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
     alone = tmp_path / "alone"
     alone.mkdir()
     code = "from distlab.teach import perf; print(perf.run_bench('launch_latency.py', '--help'))"
