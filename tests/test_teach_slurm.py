@@ -68,8 +68,25 @@ def test_master_addr_check_without_slurm_says_what_stands_in(monkeypatch, capsys
     assert "scontrol is not installed here: for this check, a bash function answers" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="not 'gpu07'"):
         checks.check_master_addr('export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1)')
-    with pytest.raises(AssertionError, match="Slurm is not installed here"):
+    with pytest.raises(AssertionError, match="scontrol is not installed here"):
         checks.check_master_addr("export MASTER_ADDR=$(scontrol show config | head -n 1)")
+
+
+def test_master_addr_check_where_scontrol_finds_no_configuration(tmp_path, monkeypatch, capsys):
+    """Slurm's packages installed but no cluster configured (an ordinary user on the book's machine):
+    scontrol cannot expand the list, so the stand-in answers, and the check says why."""
+    import shutil
+
+    fake = tmp_path / "scontrol"  # a real scontrol without a slurm.conf fails the same way, after a DNS lookup
+    fake.write_text("#!/bin/sh\necho 'scontrol: fatal: Could not establish a configuration source' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert shutil.which("scontrol") == str(fake)
+    good = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    assert checks.check_master_addr(good) is True
+    assert "scontrol finds no slurm.conf here" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="not 'gpu07'"):
+        checks.check_master_addr('export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n 1)')
 
 
 def test_attempts_plot_has_one_series_per_attempt_and_the_requeue():

@@ -62,7 +62,21 @@ def expand_hostlist(nodelist: str) -> list[str]:
 
 STAND_IN = ('scontrol() {{ if [ "$1 $2" = "show hostnames" ]; then {python} -c "import sys; '
             'from distlab.teach.slurm import expand_hostlist; print(*expand_hostlist(sys.argv[1]), sep=chr(10))" "$3"; '
-            'else echo "scontrol $*: Slurm is not installed here" >&2; return 1; fi; }}\n')
+            'else echo "scontrol $*: {why}" >&2; return 1; fi; }}\n')
+
+
+def scontrol_cannot_expand() -> str:
+    """Why ``scontrol show hostnames`` cannot answer here, or "" where it can. Installed is not enough:
+    scontrol reads a slurm.conf even to expand a host list, and with none it asks the site's DNS
+    (configless mode) and fails, as for an ordinary user on a machine whose only cluster is the book's."""
+    import shutil
+
+    if shutil.which("scontrol") is None:
+        return "scontrol is not installed here"
+    probe = subprocess.run(["scontrol", "show", "hostnames", "n[1-2]"], capture_output=True, text=True, timeout=20)
+    if probe.returncode != 0 or probe.stdout.split() != ["n1", "n2"]:
+        return "scontrol finds no slurm.conf here (Slurm is installed, but no cluster is configured)"
+    return ""
 
 
 def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
@@ -72,14 +86,14 @@ def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
     hostnames`` with the list's expansion, and the check says so."""
     if _unanswered(line, "a bash line (a string)"):
         return False
-    import shutil
     import sys
 
     prelude = ""
-    if shutil.which("scontrol") is None:
-        print("scontrol is not installed here: for this check, a bash function answers `scontrol show hostnames` "
+    why = scontrol_cannot_expand()
+    if why:
+        print(f"{why}: for this check, a bash function answers `scontrol show hostnames` "
               "with the list's expansion (nothing else of Slurm).")
-        prelude = STAND_IN.format(python=sys.executable)
+        prelude = STAND_IN.format(python=sys.executable, why=why)
     env = {**os.environ, "SLURM_JOB_NODELIST": nodelist}
     done = subprocess.run(["bash", "-c", f'{prelude}{line}\necho "$MASTER_ADDR"'], env=env, capture_output=True,
                           text=True, timeout=20)
