@@ -227,6 +227,20 @@ def test_a_warning_signal_held_at_start_reaches_the_handler_installed_later():
         proc.wait()
 
 
+def test_held_warning_signals_are_held_again_at_exit_and_none_held_registers_nothing():
+    """Python resets a handled signal to its default action at exit: a Slurm warning then killed a rank that had
+    finished (exit 138). The runtime blocks the held ones again first, at ``atexit``."""
+    import signal
+
+    from distlab import worker
+
+    calls = []
+    worker.hold_again_at_exit({signal.SIGUSR2, signal.SIGUSR1}, register=lambda *a: calls.append(a))
+    assert calls == [(signal.pthread_sigmask, signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGUSR2])]
+    worker.hold_again_at_exit(set(), register=lambda *a: calls.append(a))
+    assert len(calls) == 1
+
+
 def test_without_a_held_signal_the_runtime_changes_nothing():
     import signal
 

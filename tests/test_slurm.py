@@ -519,6 +519,55 @@ def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared
     assert used.stat().st_mode & 0o777 == 0o700
 
 
+WARNED_AT_EVERY_MOMENT = """import signal, time
+got = []
+time.sleep(0.3)                   # still starting (importing torch): a warning now is held
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+time.sleep(0.3)                   # training: a warning now reaches the handler
+print("warnings handled:", bool(got), flush=True)
+"""                               # and exiting: a warning now (Python has reset the handler) is held again
+
+
+def test_a_warning_at_any_moment_of_a_slurm_rank_is_handled_or_held_never_fatal(tmp_path):
+    """Slurm's warning (``--signal=USR1@T``) reaches every process of the step, once per attempt, at any moment.
+    In CI a rank that had finished its steps got it while exiting, after Python had reset its handler to the
+    default: it died (exit 138) and failed the job. Here SIGUSR1 goes to the step's processes
+    (``distlab.slurm.rank`` and its rank) without pause, from the moment the rank starts until both have exited."""
+    from distlab.folders.runfolder import RunFolder
+
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    folder = RunFolder.create("slurm-warned", root)
+    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
+                                                      "single_node": True, "sys_path": [], "plain_python": False}))
+    target = tmp_path / "target.py"
+    target.write_text(WARNED_AT_EVERY_MOMENT)
+    env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+           "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
+    step = subprocess.Popen([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not psutil.Process(step.pid).children() and step.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        sent = 0
+        while step.poll() is None:
+            try:
+                os.killpg(step.pid, signal.SIGUSR1)
+                sent += 1
+            except ProcessLookupError:
+                break
+            time.sleep(0.0002)
+        out = step.communicate(timeout=60)[0]
+    finally:
+        if step.poll() is None:
+            step.kill()
+    log = (folder.path / "logs" / "attempt0" / "rank0.out").read_text()
+    assert sent > 100, sent
+    assert step.returncode == 0, (step.returncode, out, log)
+    assert "warnings handled: True" in log
+
+
 def _listening(pid: int) -> set[str]:
     return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 

@@ -12,6 +12,7 @@ or reads torchrun's environment.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import functools
 import json
@@ -55,7 +56,7 @@ def _install(run: dict) -> None:
     for sig in STACK_SIGNALS:
         if sig not in held:  # a held warning signal belongs to the job's own handler
             faulthandler.register(sig, file=stacks, all_threads=True)
-    release_on_handler(held)
+    hand_warnings_to_the_job(held)
     write_private(_folder().ready(rank), str(os.getpid()))  # SIGUSR1 is safe from now on
     die_with_parent(run["parent_pid"])
     from distlab.rendezvous import retired_groups
@@ -104,6 +105,24 @@ def release_on_handler(held: set[int], signals=signal) -> None:
         return previous
 
     signals.signal = installing
+
+
+def hand_warnings_to_the_job(held: set[int]) -> None:
+    """The warning signals this rank started with held are the job's: delivered to its handler once it has
+    one, and held again once its code has ended (see the two functions below)."""
+    hold_again_at_exit(held)
+    release_on_handler(set(held))
+
+
+def hold_again_at_exit(held: set[int], signals=signal, register=atexit.register) -> None:
+    """Block the held warning signals again once the job's code has ended.
+
+    Python's finalization resets every signal that has a Python handler to its default action, after
+    ``atexit``; a warning that reached a rank then (Slurm's controller sends it once per attempt, at any
+    moment: here just as a rank that had finished its steps was exiting) killed it with exit 138 and
+    failed the job. Blocked from the first ``atexit`` call on, it stays pending and dies with the process."""
+    if held:
+        register(signals.pthread_sigmask, signals.SIG_BLOCK, sorted(held))
 
 
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")

@@ -44,7 +44,7 @@ from .layout import exit_file, rank_run_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: meant for the ranks (the job's own handlers, e.g. ``--signal=USR1@90``), which Slurm signals themselves:
-#: it signals every process of a step. Passed on as well, a rank would get them twice; not handled,
+#: it signals every process of a step. Passed on as well, a rank would get them twice; not blocked,
 #: this process would die of them and take its ranks along.
 IGNORED_HERE = (signal.SIGUSR1, signal.SIGUSR2)
 PLACEHOLDER_PORT = "1"  # distlab.rendezvous.loopback.PLACEHOLDER_PORT: nothing listens (not imported: stays small)
@@ -147,12 +147,11 @@ def main(argv: list[str]) -> int:
     # delivers them once the job's own code has a handler (distlab.worker.release_on_handler); a warning
     # that came while a rank still imported torch killed it.
     signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED_HERE)
+    # They stay blocked here for this process's whole life: it has no use for them, and a handler would not
+    # do (Python resets it at exit, when a late warning would then kill this process and fail the step).
     children = {int(env["RANK"]): start_rank(folder, attempt_dir, attempt, run, env, argv) for env in ranks}
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: [c.send_signal(s) for c in children.values() if c.poll() is None])
-    for sig in IGNORED_HERE:
-        signal.signal(sig, lambda s, _f: None)  # a handler, not SIG_IGN, which the ranks would inherit
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_HERE)  # (this process lives through them)
     codes = wait_all(children, lambda rank, code: write_private(exit_file(attempt_dir, rank), str(code)))
     first = next((c for c in codes if c != 0), 0)
     return exit_status(first)
