@@ -29,6 +29,32 @@ def test_moves_during_a_run_leave_only_the_newest_waiting():
     assert state.finished() is True and state.superseded == 1
 
 
+def test_a_new_lab_has_nothing_going_or_waiting():
+    state = K.Latest()
+    assert state.going is False and state.take() is None and state.superseded == 0
+    assert state.finished() is True
+
+
+def test_every_run_that_ends_stale_is_counted():
+    state = K.Latest()
+    state.moved({"world": 2})
+    for world in (3, 4):
+        state.take()
+        state.moved({"world": world})   # arrives while the run goes: the run ends stale
+        assert state.finished() is False
+    assert state.superseded == 2 and state.take() == {"world": 4}
+
+
+def test_a_knob_without_a_default_is_named_with_every_other_one():
+    def measure(world, shuffle, seed=0):
+        pass
+
+    with pytest.raises(TypeError) as info:
+        K.defaults(measure, ["world", "shuffle", "seed", "missing"])
+    assert str(info.value) == "measure needs a default for each knob: world, shuffle, missing"
+    assert K.defaults(measure, ["seed"]) == {"seed": 0}
+
+
 def test_the_settings_are_copied_when_moved():
     state, settings = K.Latest(), {"world": 2}
     state.moved(settings)

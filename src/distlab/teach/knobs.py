@@ -9,7 +9,7 @@ What this module promises, and why:
 * **No queue of stale runs.** Sliders send their value on release (``continuous_update=False``);
   a run starts after a short settle time, with the latest settings: moves that arrive before it
   starts (keyboard arrows, or moves made while the last run was going, which the kernel reads
-  once it is free) become one run (:class:`Latest`, pure, tested without processes).
+  once it is free) become one run (:class:`~distlab.teach.knobstate.Latest`, pure, tested without processes).
 * **Runs on the kernel's main thread**, scheduled on its event loop (:func:`kernel_later`), as a
   cell runs: pyplot, which is not thread-safe and which the learner's cells use too, is only ever
   touched from that thread, and Kernel > Interrupt stops a knob's run (its ranks are stopped by
@@ -36,39 +36,9 @@ import threading
 import time
 import uuid
 
+from .knobstate import Latest, defaults, describe  # noqa: F401  (the pure part, tested by mutation)
+
 SETTLE_S = 0.2  # after a move, wait this long for the next one before running (keyboard arrows)
-
-
-class Latest:
-    """The state of one lab: at most one run going, and only the newest settings waiting.
-
-    ``moved(settings)`` -> True when a run should start now (none going). ``take()`` -> the settings
-    to run. ``finished()`` -> True when the run just ended is current (draw it and go idle), False
-    when newer settings arrived meanwhile (drop its result; run ``take()`` next).
-    """
-
-    def __init__(self):
-        self.waiting = None
-        self.going = False
-        self.superseded = 0
-
-    def moved(self, settings: dict) -> bool:
-        self.waiting = dict(settings)
-        if self.going:
-            return False
-        self.going = True
-        return True
-
-    def take(self) -> dict:
-        settings, self.waiting = self.waiting, None
-        return settings
-
-    def finished(self) -> bool:
-        if self.waiting is None:
-            self.going = False
-            return True
-        self.superseded += 1
-        return False
 
 
 def as_displayable(shown):
@@ -84,22 +54,6 @@ def as_displayable(shown):
     if pyplot is not None:
         pyplot.close(shown)
     return Image(data=buf.getvalue(), format="png")
-
-
-def describe(settings: dict) -> str:
-    """``world=4, shuffle=True``: the settings a picture shows, in the words of the cell."""
-    return ", ".join(f"{name}={value!r}" for name, value in settings.items())
-
-
-def defaults(measure, names) -> dict:
-    """The default of each knob: ``measure``'s own default for that argument (as ``interact``)."""
-    import inspect
-
-    params = inspect.signature(measure).parameters
-    missing = [n for n in names if n not in params or params[n].default is params[n].empty]
-    if missing:
-        raise TypeError(f"{measure.__name__} needs a default for each knob: {', '.join(missing)}")
-    return {n: params[n].default for n in names}
 
 
 def kernel_later():
