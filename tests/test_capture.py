@@ -13,7 +13,7 @@ from article_code import DEMO_BASIC, IMPORTS, SETUP_CLEANUP, TOY_MODEL
 from fake_kernel import as_main, run_cells
 
 from distlab import CaptureError
-from distlab.capture.collect import capture, global_names, import_line, is_literal
+from distlab.capture.collect import capture, global_names, import_line, is_literal, reached_by_attributes
 from distlab.capture.script import render
 
 ARTICLE_CELLS = (IMPORTS, SETUP_CLEANUP, TOY_MODEL, DEMO_BASIC)
@@ -173,6 +173,35 @@ def test_constants_up_to_2000_characters_are_written_inline(length, inline):
 ])
 def test_import_line(module, qualname, name, line):
     assert import_line(module, qualname, name) == line
+
+
+def test_a_module_hidden_by_its_packages_attribute_is_imported_by_importlib():
+    assert import_line("distlab.launch.compat", None, "compat", reachable=False) == \
+        "import importlib; compat = importlib.import_module('distlab.launch.compat')"
+    assert import_line("torch", None, "torch", reachable=False) == "import torch"  # binds what it names
+
+
+def test_which_modules_attribute_lookups_reach():
+    import types
+
+    pkg, sub, leaf = (types.ModuleType(n) for n in ("pkg", "pkg.sub", "pkg.sub.leaf"))
+    pkg.sub, sub.leaf = sub, leaf
+    modules = {"pkg": pkg, "pkg.sub": sub, "pkg.sub.leaf": leaf}
+    assert reached_by_attributes("pkg", modules) and reached_by_attributes("pkg.sub.leaf", modules)
+    pkg.sub = lambda: None                       # a function of the package hides its subpackage
+    assert not reached_by_attributes("pkg.sub.leaf", modules) and not reached_by_attributes("pkg.sub", modules)
+    assert not reached_by_attributes("pkg.other", modules) and not reached_by_attributes("gone", modules)
+    assert reached_by_attributes("torch.nn") and not reached_by_attributes("distlab.launch.compat")
+
+
+def test_a_module_its_package_hides_reaches_the_rank(run_as_rank0):
+    """``distlab.launch`` is a function of the package ``distlab`` and the package of ``compat``: the script's
+    ``import distlab.launch.compat as compat`` failed in the rank with AttributeError."""
+    ns = run_cells("from distlab.launch import compat\n",
+                   "def work(rank):\n    return compat.__name__\n")
+    returned, text = run_as_rank0(ns["work"])
+    assert returned == "distlab.launch.compat"
+    assert "compat = importlib.import_module('distlab.launch.compat')" in text
 
 
 @pytest.mark.parametrize("value,expected", [

@@ -106,7 +106,7 @@ def _resolve_names(text: str, ns: dict, cap: Captured) -> None:
 
 def _resolve(name: str, value, ns: dict, cap: Captured) -> None:
     if isinstance(value, types.ModuleType):
-        cap.add(cap.imports, import_line(value.__name__, None, name))
+        cap.add(cap.imports, import_line(value.__name__, None, name, reached_by_attributes(value.__name__)))
     elif is_notebook_object(value, ns):
         _visit(value, ns, cap)
         if value.__name__ != name:  # an alias: after the definition it names
@@ -169,10 +169,26 @@ def importable_location(value) -> tuple[str, str] | None:
     return (module, qualname) if obj is value else None
 
 
-def import_line(module: str, qualname: str | None, name: str) -> str:
+def reached_by_attributes(module: str, modules=None) -> bool:
+    """Whether ``import a.b.c as x`` binds module ``a.b.c``: Python finds it by attribute lookups from ``a``,
+    and a package attribute of the same name hides a subpackage (``distlab.launch``, the function, hides the
+    package ``distlab.launch``, so ``import distlab.launch.compat as compat`` fails in the worker)."""
+    modules = sys.modules if modules is None else modules
+    top, *rest = module.split(".")
+    found = modules.get(top)
+    for part in rest:
+        found = getattr(found, part, None)
+    return found is not None and found is modules.get(module)
+
+
+def import_line(module: str, qualname: str | None, name: str, reachable: bool = True) -> str:
+    """The line that binds ``name`` as the notebook had it. ``reachable``: a module is found by
+    attributes from its top package (:func:`reached_by_attributes`); if not, importlib imports it."""
     if qualname is None:
         if module == name:
             return f"import {module}"
+        if not reachable:
+            return f"import importlib; {name} = importlib.import_module({module!r})"
         return f"import {module} as {name}"
     head = qualname.split(".")[0]
     if head != qualname:
