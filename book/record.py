@@ -7,7 +7,9 @@ Run it as root on Linux with Slurm's packages installed, where every section run
 that did not run (its output says so), an error, or a traceback in a cell not tagged
 ``prints-traceback`` stops it. Writes ``src/distlab/needs/recorded/<chapter>.json``; long outputs
 keep their first and last lines, and paths of this machine are replaced by placeholders.
-``tests/test_recordings.py`` fails when a ``%%needs`` cell's code no longer matches its recording.
+``tests/test_recordings.py`` fails when a ``%%needs`` cell's code no longer matches its recording, and
+``tests/test_recordings_fresh.py`` where the suite ran the cell and what it prints no longer has its recording's
+:func:`shape`.
 """
 from __future__ import annotations
 

@@ -251,6 +251,28 @@ def test_a_rule_leaves_what_it_does_not_name():
     assert steady({"[slurm] job # PENDING", "[batch] srun: forcing job termination", "x #K"}, SLURM_TIMING) == {"x #"}
 
 
+def test_stale_reads_each_ran_cell_against_its_recording(tmp_path):
+    import json
+
+    import nbformat
+
+    body = "job.join()\n"
+    entry = {"requirement": "slurm", "cell": 1, "outputs": RECORDED_13}
+    (tmp_path / "13_slurm_cluster.json").write_text(json.dumps({
+        "chapter": "13_slurm_cluster.ipynb", "recorded": {"date": "2026-12-06", "setting": "Linux as root"},
+        "cells": {recorded.cell_key("slurm", body): entry}}))
+    ran = nbformat.v4.new_code_cell("%%needs slurm\n" + body, outputs=[nbformat.from_dict(o) for o in FRESH_13])
+    shown = nbformat.v4.new_code_cell("%%needs slurm\n" + body, outputs=[nbformat.from_dict(stream(
+        recorded.LABEL.format(date="2026-12-06", setting="Linux as root"), "[slurm] job 9 gone"))])
+    other = nbformat.v4.new_code_cell("%%needs slurm\nprint(2)\n", outputs=[nbformat.from_dict(stream("2 x"))])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 13"), ran, shown, other])
+    assert stale(notebook, SLURM_TIMING, folder=tmp_path) == []
+    # without the chapter's rules: the cell that ran differs; the one that showed its recording, and the one
+    # without a recording, are not judged here
+    found = stale(notebook, folder=tmp_path)
+    assert len(found) == 1 and found[0].startswith("cell 1: now, not recorded: ")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", STABLE + tuple(VARYING))
 def test_each_recording_matches_what_its_cell_prints_now(executed_book, name):
