@@ -164,13 +164,13 @@ def test_each_output_starts_a_line_of_its_own():
                          stream(" d")]) == {"a", "b c d"}
 
 
-# chapter 9: node0's rank, as a recording and a run here printed it (gloo's two wordings of one event)
+# chapter 9: node0's rank, as its recording and a run here printed it: gloo's two wordings of one event
 RESET = ("[node0] [default0]:[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
          "pair.cc:537] Read error [10.77.0.2]:34471: Connection reset by peer. This is typically caused by a remote "
          "worker hanging or bugs in the application. Check the logs of the remote worker before reporting an error."
          " GLHF! \N{BEACH WITH UMBRELLA}\ufe0f")
 CLOSED = ("[node0] [default0]:[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
-          "pair.cc:540] Connection closed by peer [10.77.0.2]:40112. This is typically caused by a remote worker "
+          "pair.cc:553] Connection closed by peer [10.77.0.2]:5855. This is typically caused by a remote worker "
           "crashing. Check the logs of the remote worker before reporting an error. GLHF! \N{BEACH WITH UMBRELLA}"
           "\ufe0f")
 RESUMED = "[node0] [default0]:Rank 0, resumed from /tmp/distlab-0/lost-machine-ymtnwyvz/ckpt.pt at epoch 3 of 30"
