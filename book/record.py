@@ -7,7 +7,9 @@ Run it as root on Linux with Slurm's packages installed, where every section run
 that did not run (its output says so), an error, or a traceback in a cell not tagged
 ``prints-traceback`` stops it. Writes ``src/distlab/needs/recorded/<chapter>.json``; long outputs
 keep their first and last lines, and paths of this machine are replaced by placeholders.
-``tests/test_recordings.py`` fails when a ``%%needs`` cell's code no longer matches its recording.
+``tests/test_recordings.py`` fails when a ``%%needs`` cell's code no longer matches its recording, and
+``tests/test_recordings_fresh.py`` where the suite ran the cell and what it prints no longer has its recording's
+:func:`shape`.
 """
 from __future__ import annotations
 
@@ -89,9 +91,16 @@ def kept_output(out: dict) -> dict | None:
     return {"output_type": "display_data", "data": data, "metadata": dict(out.get("metadata") or {})}
 
 
-# what varies from run to run in a recorded line: numbers, and names with digits in them (run folders, hashes)
+def kept_outputs(outputs: list) -> list:
+    """A cell's outputs as a recording keeps them (joined, this machine's paths out, long ones shortened): what
+    :func:`recording` writes, and what a fresh run is compared with its recording as."""
+    return [kept for out in coalesced(outputs) if (kept := kept_output(out)) is not None]
+
+
+# what varies from run to run in a recorded line: numbers, and names with digits in them (run folders, hashes);
+# a name has a letter or _ (else the 6 digits after 0.005087's point would be one, and 0.01832's 5 not)
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
-NAME_WITH_DIGITS = re.compile(r"\b(?=[A-Za-z_]*\d)[A-Za-z0-9_]{6,}\b")
+NAME_WITH_DIGITS = re.compile(r"\b(?=[A-Za-z0-9_]*[A-Za-z_])(?=[A-Za-z_]*\d)[A-Za-z0-9_]{6,}\b")
 TEMPORARY = re.compile(r"/tmp/[^\s\"',:)]*")          # a run's folders: mkdtemp's names may have no digit
 
 
@@ -99,9 +108,11 @@ def shape(outputs: list) -> set[str]:
     """What a cell printed, less what varies between two runs: each line with its numbers, its names with
     digits and its temporary paths masked, blanks collapsed, lines without a letter dropped. A recording is
     keyed by its cell's code only; comparing its shape with a fresh run's finds the output that library code
-    prints and that changed since (a message, a repr, a table's columns), which the key cannot see. Pure."""
-    text = "".join(scrub_text(o.get("text", "")) if o["output_type"] == "stream" else
-                   scrub_text(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    prints and that changed since (a message, a repr, a table's columns), which the key cannot see. Each output
+    starts a line of its own (a display's text has no newline at its end: the next output's first line would be
+    glued to it, and to a different line in another run), a stream's chunks run on. Pure."""
+    text = "\n".join(scrub_text(o.get("text", "")) if o["output_type"] == "stream" else
+                     scrub_text(o.get("data", {}).get("text/plain", "")) for o in coalesced(outputs))
     lines = (" ".join(NUMBER.sub("#", NAME_WITH_DIGITS.sub("#", TEMPORARY.sub("<tmp>", line))).split())
              for line in text.splitlines())
     return {line for line in lines if re.search(r"[A-Za-z]", line)}
@@ -134,8 +145,8 @@ def recording(nb, chapter: str) -> dict:
         if found is None:
             continue
         check_ran(cell, index, chapter)
-        outputs = [kept for out in coalesced(cell.outputs) if (kept := kept_output(out)) is not None]
-        cells[recorded.cell_key(*found)] = {"requirement": found[0], "cell": index, "outputs": outputs}
+        cells[recorded.cell_key(*found)] = {"requirement": found[0], "cell": index,
+                                            "outputs": kept_outputs(cell.outputs)}
     return {"chapter": chapter, "recorded": {"date": time.strftime("%Y-%m-%d", time.gmtime()),
                                              "setting": setting()}, "cells": cells}
 
