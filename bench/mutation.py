@@ -110,6 +110,27 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a chunk of 2 elements instead of 1 when chunk_bytes is below one element: other pieces, the same sum"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
+    # --- mut-b ---
+    # a captured constant is `name = repr(value)`: the text before its first " = " is an identifier
+    ("distlab.warm.proto.captured_head", "line.split(None, 1)[0]", "an identifier has no whitespace"),
+    ("distlab.warm.proto.captured_head", 'line.split(" = ", )[0]', "more splits leave the first piece as it is"),
+    ("distlab.warm.proto.captured_head", 'line.split(" = ", 2)[0]', "more splits leave the first piece as it is"),
+    ("distlab.warm.proto.shipped_rank_names", "line.split(None, 1)[0]", "an identifier has no whitespace"),
+    ("distlab.warm.proto.shipped_rank_names", 'line.split(" = ", None)[0]', "more splits: the first piece stays"),
+    ("distlab.warm.proto.shipped_rank_names", 'line.split(" = ", )[0]', "more splits leave the first piece as it is"),
+    ("distlab.warm.proto.shipped_rank_names", 'line.split(" = ", 2)[0]', "more splits leave the first piece as it is"),
+    ("distlab.warm.proto.locate", "range(len(have) - len(wanted) + 2)",
+     "the extra start's slice is shorter than wanted, so never equal to it"),
+    ("distlab.warm.proto.locate", "range(len(have) + len(wanted) + 1)",
+     "the extra starts' slices are shorter than wanted, so never equal to it"),
+    ("distlab.warm.proto.prefix_lines", 'or ["XXXX"]',
+     'str.split("\\n") never returns an empty list: the fallback never runs'),
+    ("distlab.warm.proto.LineJoiner.take_redrawn", 'self._partial.get(key, "XXXX")',
+     "any default without a carriage return gives the same empty answer"),
+    # Python >= 3.10: format_exception_only(exc) and (anything, value=exc) both read the type off the value
+    ("distlab.warm.proto.user_traceback", "format_exception_only(None, exc)", "the type is read off exc"),
+    ("distlab.warm.proto.user_traceback", "format_exception_only(exc)", "the type is read off exc"),
+    ("distlab.warm.proto.user_traceback", "format_exception_only(type(None), exc)", "the type is read off exc"),
 ]
 
 
