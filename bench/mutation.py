@@ -131,6 +131,14 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.warm.proto.user_traceback", "format_exception_only(None, exc)", "the type is read off exc"),
     ("distlab.warm.proto.user_traceback", "format_exception_only(exc)", "the type is read off exc"),
     ("distlab.warm.proto.user_traceback", "format_exception_only(type(None), exc)", "the type is read off exc"),
+    # a call's phase is only tested for truth, its end only read as `self.ended or ...`: None is ""
+    ("distlab.warm.status.CallStatus.__init__", "self.phase = None", "phase is only tested for truth"),
+    ("distlab.warm.status.CallStatus.__init__", "self.ended = None", "ended is only read as `self.ended or ...`"),
+    ("distlab.warm.status.CallStatus.end", "self.phase = None", "phase is only tested for truth"),
+    ("distlab.warm.status.CallStatus.finished", 'self.states.get(rank, "XXXX")', "no state starts with XX"),
+    ("distlab.warm.status.CallStatus.blocked", 'self.states.get(rank, "XXXX")', "no state starts with XX"),
+    ("distlab.warm.status.CallStatus.waiting", 'self.states.get(rank, "XXXX")', "no state starts with XX"),
+    ("distlab.warm.status.NoStatus.tick", "force: bool = True", "NoStatus.tick does nothing, whatever force is"),
 ]
 
 
