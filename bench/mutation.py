@@ -139,6 +139,13 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.warm.status.CallStatus.blocked", 'self.states.get(rank, "XXXX")', "no state starts with XX"),
     ("distlab.warm.status.CallStatus.waiting", 'self.states.get(rank, "XXXX")', "no state starts with XX"),
     ("distlab.warm.status.NoStatus.tick", "force: bool = True", "NoStatus.tick does nothing, whatever force is"),
+    ("distlab.warm.data._pieces", "zip(selected, value, strict=None)", "the lengths were checked just above"),
+    ("distlab.warm.data._pieces", "zip(selected, value, )", "the lengths were checked just above"),
+    ("distlab.warm.data._pieces", "zip(selected, value, strict=False)", "the lengths were checked just above"),
+    ("distlab.warm.data.notebook_function", 'getattr(value, "__module__", )',
+     "read only of a function, and every function has a __module__"),
+    ("distlab.warm.data._defined_in_notebook", 'getattr(value, "__module__", )',
+     "read only of a function or class, and both always have a __module__"),
 ]
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -182,3 +183,26 @@ def test_the_scatter_errors_word_for_word():
 def test_a_value_in_a_message_is_cut_after_80_characters():
     assert repr(data._short("a" * 78)) == "'" + "a" * 78 + "'"  # 80 characters with its quotes: whole
     assert repr(data._short("a" * 79)) == "'" + "a" * 79 + "..."
+
+
+def test_data_that_says_it_comes_from_the_notebook_is_still_data():
+    value = SimpleNamespace(__module__="__main__", lr=0.1)  # neither a function nor a class
+    assert pickle.loads(data.pack({"x": value})) == {"x": value}
+
+
+class PicklesOnSecondTry:
+    """A value whose first pickling fails (state that settles as it is read)."""
+
+    tries = 0
+
+    def __reduce__(self):
+        PicklesOnSecondTry.tries += 1
+        if PicklesOnSecondTry.tries == 1:
+            raise RuntimeError("not yet")
+        return (PicklesOnSecondTry, ())
+
+
+def test_pack_sends_the_values_when_each_pickles_on_its_own_second_look():
+    PicklesOnSecondTry.tries = 0
+    back = pickle.loads(data.pack({"n": 1, "v": PicklesOnSecondTry()}))
+    assert back["n"] == 1 and isinstance(back["v"], PicklesOnSecondTry)
