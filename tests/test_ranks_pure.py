@@ -445,3 +445,15 @@ def test_line_joiner_hands_over_only_redrawn_lines_and_drains_in_the_order_of_th
     for key, text in [(10, "b"), (9, "a"), ("x", "c"), ((1, 2), "d")]:
         joiner.feed(key, text)
     assert joiner.drain() == [("x", "c"), ((1, 2), "d"), (10, "b"), (9, "a")]  # "'x'" < "(1, 2)" < "10" < "9"
+
+
+# --- what the mutation run found untested in distlab.warm.errors ---------------------------------------------
+def test_stacks_keep_their_indentation_and_lose_their_trailing_newlines_in_rank_order():
+    stacks = {1: '  File "Cell In[2]", line 1 in <module>\n\n', 0: "  (finished this call)\n"}
+    assert err.format_stacks(stacks) == ('--- rank 0 ---\n  (finished this call)\n'
+                                         '--- rank 1 ---\n  File "Cell In[2]", line 1 in <module>')
+
+
+def test_a_name_error_that_names_no_variable_gets_no_hint():
+    traceback = "NameError: cannot access free variable 'x' where it is not associated with a value"
+    assert err.not_on_the_ranks("NameError", traceback, {"x": 1}) == ""
