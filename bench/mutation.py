@@ -146,6 +146,16 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "read only of a function, and every function has a __module__"),
     ("distlab.warm.data._defined_in_notebook", 'getattr(value, "__module__", )',
      "read only of a function or class, and both always have a __module__"),
+    # a Splitter's column is past the text's end until a '\r' sets it to 0: writing there appends, as at the end
+    ("distlab.view.streams.Splitter.__init__", "self._col = 1", "a column past the end appends, as the end does"),
+    ("distlab.view.streams.Splitter._end_line", '"", 1, False, False, None',
+     "a column past the end appends, as the end does"),
+    ("distlab.view.streams.Splitter.__init__", "self._after_cr = None", "only tested for truth"),
+    ("distlab.view.streams.Splitter.__init__", "self._redrawn = None", "only tested for truth"),
+    ("distlab.view.streams.Splitter._write", "self._redrawn, self._after_cr = True, True",
+     "once redrawn, _after_cr only sets _redrawn again; the line's end resets both"),
+    ("distlab.view.streams.Streams.feed", 'getincrementaldecoder("UTF-8")', "a codec name's case does not matter"),
+    ("distlab.view.streams.Streams.flush", "events = splitter.feed(rest)", "events is still empty there"),
 ]
 
 
