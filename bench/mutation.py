@@ -156,6 +156,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "once redrawn, _after_cr only sets _redrawn again; the line's end resets both"),
     ("distlab.view.streams.Streams.feed", 'getincrementaldecoder("UTF-8")', "a codec name's case does not matter"),
     ("distlab.view.streams.Streams.flush", "events = splitter.feed(rest)", "events is still empty there"),
+    ("distlab.view.bars.ProgressLines.show", "self._bars[key] = [None, text, None, 1.0]",
+     "when a bar was shown is read only with a shower, and this is the entry of a bar without one"),
 ]
 
 
