@@ -457,3 +457,25 @@ def test_stacks_keep_their_indentation_and_lose_their_trailing_newlines_in_rank_
 def test_a_name_error_that_names_no_variable_gets_no_hint():
     traceback = "NameError: cannot access free variable 'x' where it is not associated with a value"
     assert err.not_on_the_ranks("NameError", traceback, {"x": 1}) == ""
+
+
+# --- what the mutation run found untested in distlab.view.stacks ---------------------------------------------
+TWO_THREADS = """Current thread 0x00007f05 (most recent call first):
+  File "Cell In[5]", line 3 in <module>
+  File "/src/distlab/warm/loop.py", line 120 in _exec
+
+Thread 0x00007f06 (most recent call first):
+  File "/home/me/loader.py", line 9 in fill
+Thread 0x00007f07 (most recent call first):
+  File "/src/distlab/worker.py", line 88 in _exit_with_parent
+"""
+
+
+def test_clean_stack_keeps_each_users_thread_apart_and_drops_only_the_watchdogs():
+    from distlab.view.stacks import clean_stack
+
+    assert clean_stack(TWO_THREADS, ("/distlab/",)) == (
+        'Current thread 0x00007f05 (most recent call first):\n  File "Cell In[5]", line 3 in <module>\n\n'
+        'Thread 0x00007f06 (most recent call first):\n  File "/home/me/loader.py", line 9 in fill')
+    assert clean_stack(TWO_THREADS, ("/distlab/",), compact=True) == (
+        'File "Cell In[5]", line 3 in <module>\n\nFile "/home/me/loader.py", line 9 in fill')
