@@ -158,6 +158,22 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.view.streams.Streams.flush", "events = splitter.feed(rest)", "events is still empty there"),
     ("distlab.view.bars.ProgressLines.show", "self._bars[key] = [None, text, None, 1.0]",
      "when a bar was shown is read only with a shower, and this is the entry of a bar without one"),
+    # "ended" is the kind that nothing tests for: any other unknown kind reads the same
+    ("distlab.view.record._is_open", 'else "XXendedXX"', "only failed and interrupted are told apart"),
+    ("distlab.view.record._is_open", 'else "ENDED"', "only failed and interrupted are told apart"),
+    ("distlab.view.record.record_html", "Outcome(None)", "an unknown kind's headline is ended, as ended's"),
+    ("distlab.view.record.record_html", 'Outcome("XXendedXX")', "an unknown kind's headline is ended, as ended's"),
+    ("distlab.view.record.record_html", 'Outcome("ENDED")', "an unknown kind's headline is ended, as ended's"),
+    ("distlab.view.record.record_text", "Outcome(None)", "an unknown kind's headline is ended, as ended's"),
+    ("distlab.view.record.record_text", 'Outcome("XXendedXX")', "an unknown kind's headline is ended, as ended's"),
+    ("distlab.view.record.record_text", 'Outcome("ENDED")', "an unknown kind's headline is ended, as ended's"),
+    ("distlab.view.record._short_repr", "limit: int = 401", "its one caller always passes the limit"),
+    ("distlab.view.record.outcome_of", 'getattr(result, "run_dir", None) or ""', 'None or "" is ""'),
+    ("distlab.view.record.Board.__init__", "self.names.get(r, None)", "a rank's name is only tested for truth"),
+    ("distlab.view.record.Board.__init__", "self.names.get(r, )", "a rank's name is only tested for truth"),
+    ("distlab.view.record.Board.__init__", 'self.outcome: Outcome | None = ""', "the outcome is only tested for truth"),
+    ("distlab.view.record.Board.progress", "not 0 <= index <= len(state.lines)",
+     "bar_at is below count while it is set: the index never reaches len(lines)"),
 ]
 
 
