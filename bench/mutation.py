@@ -116,7 +116,6 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.warm.proto.captured_head", 'line.split(" = ", )[0]', "more splits leave the first piece as it is"),
     ("distlab.warm.proto.captured_head", 'line.split(" = ", 2)[0]', "more splits leave the first piece as it is"),
     ("distlab.warm.proto.shipped_rank_names", "line.split(None, 1)[0]", "an identifier has no whitespace"),
-    ("distlab.warm.proto.shipped_rank_names", 'line.split(" = ", None)[0]', "more splits: the first piece stays"),
     ("distlab.warm.proto.shipped_rank_names", 'line.split(" = ", )[0]', "more splits leave the first piece as it is"),
     ("distlab.warm.proto.shipped_rank_names", 'line.split(" = ", 2)[0]', "more splits leave the first piece as it is"),
     ("distlab.warm.proto.locate", "range(len(have) - len(wanted) + 2)",
