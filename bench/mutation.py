@@ -173,6 +173,7 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.view.record.Board.__init__", 'self.outcome: Outcome | None = ""', "the outcome is only tested for truth"),
     ("distlab.view.record.Board.progress", "not 0 <= index <= len(state.lines)",
      "bar_at is below count while it is set: the index never reaches len(lines)"),
+    ("distlab.view.record.returns_lines", "sort_dicts=None)", "pprint tests sort_dicts for truth: None is False"),
 ]
 
 

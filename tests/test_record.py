@@ -603,3 +603,18 @@ def test_a_bar_at_the_top_of_the_tail_or_after_it_scrolled_is_updated_in_place()
     board.progress(0, "30%", False)
     board.progress(0, "40%", False)
     assert list(board.ranks[0].lines)[-2:] == [f"l{record.LIVE_TAIL_LINES + 99}", "40%"]
+
+
+class TwoLines:
+    def __repr__(self):
+        return "first\nsecond"
+
+
+def test_a_value_that_is_not_a_dict_of_ranks_is_cut_only_past_600_characters():
+    assert record.returns_lines(5) == [("?", "5")]
+    assert record.returns_lines("x" * 598) == [("?", repr("x" * 598))]  # 600 characters: whole
+    assert record.returns_lines("x" * 599) == [("?", repr("x" * 599)[:600] + " …")]
+
+
+def test_a_short_value_shown_on_two_lines_is_one_click_away():
+    assert " open>" not in record.returns_html({0: TwoLines()})  # a tensor's repr, too, has several lines
