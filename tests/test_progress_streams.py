@@ -73,6 +73,30 @@ def test_bytes_cut_inside_a_character_are_not_garbled():
     assert streams.flush_all() == [("a", Progress(" 50%|█████", done=True))]
 
 
+def test_text_written_in_pieces_goes_on_where_the_last_piece_ended():
+    s = Splitter()
+    assert s.feed("ab") + s.feed("cd") + s.feed("e\n") == [Line("abcde")]
+    assert s.feed("\r12345") + s.feed("6") + s.feed("\rXY") + s.feed("Z\n") == [
+        Progress("12345"), Progress("123456"), Progress("XY3456"), Progress("XYZ456", done=True)]
+
+
+def test_each_stream_decodes_its_own_bytes_and_replaces_what_is_no_utf8():
+    streams = Streams()
+    assert streams.feed("a", b"x\xc3") == [] and streams.feed("b", b"y\xc3") == []
+    assert streams.feed("a", b"\xa9\n") == [Line("x\u00e9")]  # the other stream's half character is its own
+    assert streams.feed("b", b"\xff\n") == [Line("y\ufffd\ufffd")]
+    assert streams.feed("b", b"ab\xc3") == []
+    assert streams.flush("b") == [Line("ab\ufffd")]  # the half character at its end: replaced, not lost
+    assert streams.flush("b") == [] and streams.flush("never fed") == []
+
+
+def test_flush_all_ends_every_stream_in_the_order_of_the_keys_repr():
+    streams = Streams()
+    for key in (10, 9, ("out", 0)):
+        streams.feed(key, f"{key}")
+    assert streams.flush_all() == [(("out", 0), Line("('out', 0)")), (10, Line("10")), (9, Line("9"))]
+
+
 def test_a_log_renders_each_bar_as_its_final_state():
     log = "start\n" + "".join(TQDM) + "\r   \rcleared\n" + "\r 1/2\r 2/2"
     assert rendered_lines(log) == ["start", "100%|##########| 3/3 [00:00<00:00, 9.9it/s]", "cleared", " 2/2"]

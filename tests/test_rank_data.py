@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -114,3 +115,94 @@ def test_re_running_load_ext_prints_nothing(tmp_path):
                           env={**os.environ, "DISTLAB_PRESTART": "0", "PYTHONPATH": str(SRC)})
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ranks magic: True\n"
+
+
+# --- what the mutation run (bench/mutation.py) found untested in distlab.warm.data, word for word -------------
+def error_text(call, *args) -> str:
+    with pytest.raises((distlab.LaunchArgumentError, distlab.CaptureError)) as info:
+        call(*args)
+    return str(info.value)
+
+
+def test_the_name_errors_word_for_word():
+    assert error_text(data.check_names, [], "push") == ("distlab: invalid argument push=[]: names no variable. "
+                                                        "For example ranks.push(x=...).")
+    assert error_text(data.check_names, (), "pull") == ('distlab: invalid argument pull=[]: names no variable. '
+                                                        'For example ranks.pull("x").')
+    assert error_text(data.check_names, ["ok", 3], "push") == "distlab: invalid argument push=3: is not a Python " \
+                                                              "variable name."
+    assert error_text(data.check_names, ["world_size"], "scatter") == (
+        "distlab: invalid argument scatter='world_size': is predefined on every rank and must stay as it is. "
+        "Choose another name.")
+    assert error_text(data.merge, (1,), {}, "scatter") == (
+        "distlab: invalid argument scatter=(1,): the positional argument must be a dict of names, not tuple. "
+        "For example ranks.scatter(x=...).")
+    assert error_text(data.merge, {"device": 1}, {"y": 2}, "push").startswith("distlab: invalid argument "
+                                                                               "push='device': is predefined")
+    assert data.merge({}, {"y": 2}, "push") == {"y": 2}
+    assert data.merge({"y": 1}, {"y": 2}, "push") == {"y": 2}  # the keyword wins
+
+
+def test_the_pack_errors_word_for_word():
+    ns = {"__name__": "__main__"}
+    exec("def mine(r):\n    return r\nclass Box:\n    pass\n", ns)
+    assert error_text(data.pack, {"ok": 1, "b": ns["Box"]}) == (
+        "distlab: cannot ship the value of 'b' to the worker processes: Box is a class defined in the notebook, "
+        "and a rank has no notebook to find it in. Define it on the ranks: run the cell that defines Box with "
+        "%%ranks, or call ranks.run(f) with a function f that uses it (both send its source).")
+    assert "mine is a function defined in the notebook" in error_text(data.pack, {"f": ns["mine"]})
+    with pytest.raises(distlab.CaptureError) as info:
+        data.pack({"ok": 1, "lock": threading.Lock()})
+    assert str(info.value) == (
+        "distlab: cannot ship the value of 'lock' to the worker processes: it cannot be pickled (TypeError: cannot "
+        "pickle '_thread.lock' object). Send data (tensors, numbers, lists, dicts); define functions and classes "
+        "on the ranks instead (a %%ranks cell or ranks.run).")
+    assert info.value.__suppress_context__  # the failed pickling of the whole dict is not shown above it
+
+
+def test_only_a_function_defined_in_the_notebook_is_sent_as_source():
+    ns = {"__name__": "__main__"}
+    exec("def mine(r):\n    return r\nclass Box:\n    pass\n", ns)
+    assert data.notebook_function(ns["mine"])
+    assert not data.notebook_function(ns["Box"]) and not data.notebook_function(error_text)
+    assert not data.notebook_function(len) and not data.notebook_function(1)
+
+
+def test_the_scatter_errors_word_for_word():
+    assert error_text(data.split, {"x": {10: 1, 9: 2}}, [0, 1]) == (
+        "distlab: invalid argument x={10: 1, 9: 2}: a dict to scatter needs one key per selected rank, exactly "
+        "[0, 1], not [10, 9].")
+    assert error_text(data.split, {"x": [1, 2]}, [0]) == (
+        "distlab: invalid argument x=[1, 2]: scatter needs one value per selected rank: 1 value, not 2. To give "
+        "every rank the same value, use ranks.push.")
+    assert error_text(data.split, {"x": 5}, [0]) == (
+        "distlab: invalid argument x=5: scatter needs a list (one value per rank, 1 here) or a dict {rank: value}, "
+        "not int. A tensor: list(t.chunk(n)). The same value everywhere: ranks.push.")
+
+
+def test_a_value_in_a_message_is_cut_after_80_characters():
+    assert repr(data._short("a" * 78)) == "'" + "a" * 78 + "'"  # 80 characters with its quotes: whole
+    assert repr(data._short("a" * 79)) == "'" + "a" * 79 + "..."
+
+
+def test_data_that_says_it_comes_from_the_notebook_is_still_data():
+    value = SimpleNamespace(__module__="__main__", lr=0.1)  # neither a function nor a class
+    assert pickle.loads(data.pack({"x": value})) == {"x": value}
+
+
+class PicklesOnSecondTry:
+    """A value whose first pickling fails (state that settles as it is read)."""
+
+    tries = 0
+
+    def __reduce__(self):
+        PicklesOnSecondTry.tries += 1
+        if PicklesOnSecondTry.tries == 1:
+            raise RuntimeError("not yet")
+        return (PicklesOnSecondTry, ())
+
+
+def test_pack_sends_the_values_when_each_pickles_on_its_own_second_look():
+    PicklesOnSecondTry.tries = 0
+    back = pickle.loads(data.pack({"n": 1, "v": PicklesOnSecondTry()}))
+    assert back["n"] == 1 and isinstance(back["v"], PicklesOnSecondTry)

@@ -230,3 +230,52 @@ def test_the_line_wraps_only_between_its_parts_in_a_narrow_column():
     html = shown["text/html"]
     assert html.count('<span style="white-space: nowrap">') == 5 and "rank 1 &lt;done&gt;" in html
     assert '<span style="white-space: nowrap">rank 0 running</span><span> · </span>' in html
+
+
+# --- what the mutation run (bench/mutation.py) found untested in distlab.warm.status ------------------------
+def test_each_state_moves_on_only_from_the_states_that_may_change():
+    status = rs.CallStatus([0, 1, 2, 3], 2.0, Clock())
+    status.waiting(0, "recv", [0, 1])
+    status.waiting(0, "all_reduce", [0, 1, 2])  # waiting again, in another call: for other ranks
+    status.blocked(1, "barrier")
+    status.finished(1, "error")  # blocked, then the interrupt stopped it
+    status.finished(2, "died")
+    status.waiting(3, "barrier", [3])  # waits for no other rank: no "for" part
+    line = status.line()
+    assert line.endswith("rank 0 waiting in all_reduce for ranks 1, 2 · rank 1 raised at 0.00 s · rank 2 died · "
+                         "rank 3 waiting in barrier"), line
+    status.blocked(0, "all_reduce")
+    status.blocked(1, "recv")  # finished: stays finished
+    status.waiting(1, "recv", [0])
+    assert status.line().endswith("rank 0 blocked in all_reduce · rank 1 raised at 0.00 s · rank 2 died · "
+                                  "rank 3 waiting in barrier")
+    for rank in (7, 8, 9):  # a rank outside the call (a late reply): nothing to change, nothing raised
+        status.finished(rank, "done")
+        status.blocked(rank, "recv")
+        status.waiting(rank, "recv", [0])
+    assert sorted(status.states) == [0, 1, 2, 3]
+
+
+def test_at_the_end_a_rank_still_running_says_so_and_the_phase_is_gone():
+    status = rs.CallStatus([0, 1], None, Clock())
+    status.finished(1, "done")
+    status.set_phase("collecting where each rank is…")
+    status.end("timed out")
+    assert status.line() == ("distlab: ranks 0, 1 · limit none · timed out at 0.00 s · rank 0 still running · "
+                             "rank 1 done in 0.00 s")
+
+
+def test_the_line_is_one_display_redrawn_at_exactly_the_refresh_and_at_once_for_a_phase():
+    status, clock, shower = live()
+    (display_id,) = {call[2] for call in shower.calls}
+    assert isinstance(display_id, str) and len(display_id) == 32
+    clock.now += rs.REFRESH_S  # exactly the refresh interval: redrawn
+    status.tick()
+    assert shower.texts()[-1].startswith("distlab: ranks 0, 1 · limit 2 s · 0.2 s")  # 0.25 s shown as 0.2
+    clock.now += 0.01
+    status.phase("limit reached")  # sooner than REFRESH_S after the last draw: drawn at once all the same
+    assert "limit reached" in shower.texts()[-1]
+    status.tick(force=True)
+    assert len(shower.calls) == 3  # the same line again: not sent again
+    status.end(None)
+    assert shower.calls[-1] == ("replace", "", display_id)

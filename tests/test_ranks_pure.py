@@ -364,3 +364,118 @@ def test_a_name_error_for_a_name_the_notebook_defines_says_where_it_is_missing()
     assert "`mine` is defined in this notebook, not on the ranks" in hint and "%%ranks" in hint and "ranks.run" in hint
     assert err.not_on_the_ranks("NameError", tb, {}) == ""  # a typo: the notebook has no such name either
     assert err.not_on_the_ranks("ValueError", tb, {"mine": print}) == ""
+
+
+# --- what the mutation run (bench/mutation.py) found untested in distlab.warm.proto -------------------
+def test_captured_head_and_shipped_names_read_a_constants_name_before_its_first_equals_sign():
+    cap = SimpleNamespace(imports=["from json import dumps", "import os"], values={"device": "cuda:0", "lr": 0.1},
+                          constants=["N = 3", "rank = 'a = b'", "label = 'world_size = 2'"])
+    assert proto.captured_head(cap) == "import os\nfrom json import dumps\nN = 3\nlabel = 'world_size = 2'\n"
+    assert proto.shipped_rank_names(cap) == ["rank", "device"]
+    assert proto.shipped_rank_names(SimpleNamespace(constants=["N = 3"], values={"lr": 0.1})) == []
+
+
+def test_defined_name_of_an_empty_or_unparsable_source_is_none():
+    assert proto.defined_name("") is None
+    assert proto.defined_name("def broken(:\n") is None
+    assert proto.defined_name("async def fetch():\n    pass\n") == "fetch"
+
+
+def test_locate_compares_lines_whole_trailing_spaces_and_all():
+    lines = ["x = 1  \n", "A = X\n", "y = 2\n"]
+    assert proto.locate("x = 1\n", lines) is None
+    assert proto.locate("x = 1  \nA = X\n", lines) == 1
+    assert proto.locate("A = X\n", lines) == 2
+
+
+def test_prefix_lines_cuts_at_newlines_only():
+    assert proto.prefix_lines(3, "a b\tc\nd") == "[rank3] a b\tc\n[rank3] d"
+    assert proto.prefix_lines(0, "") == "[rank0] "
+
+
+class _Callable:
+    def __call__(self):
+        return 1
+
+
+def _a_function():
+    return 1
+
+
+@pytest.mark.parametrize("value, shown", [
+    (_a_function, "<only shown: T, defined on the rank, stays there>"),
+    (lambda: 1, "<only shown: T, defined on the rank, stays there>"),
+    (_Callable, "<only shown: T, defined on the rank, stays there>"),  # a class
+    (staticmethod(_a_function), "<only shown: T, defined on the rank, stays there>"),  # __func__, no __code__
+    (_Callable(), "T"),  # callable, but neither a class nor a function
+    (len, "T"),
+    (SimpleNamespace(__code__=1, __func__=2), "T"),  # not callable
+    (3, "T"),
+])
+def test_shown_text_says_a_function_or_class_stays_on_the_rank(value, shown):
+    assert proto.shown_text(value, "T") == shown
+
+
+def test_calling_a_shown_value_says_where_to_call_it():
+    with pytest.raises(TypeError) as info:
+        proto.Shown("<function f>")(1, key=2)
+    assert str(info.value) == ("<function f> is what a rank showed of its value, not the value: it cannot be "
+                               "called here. Call it on the ranks (a %%ranks cell, or ranks.run of a function "
+                               "that calls it).")
+
+
+def test_user_traceback_keeps_every_user_frame_and_every_line_of_the_exception():
+    scope = {}
+    exec(compile("def inner():\n    raise ValueError('deep')\n\ndef outer():\n    inner()\n", "Cell In[4]", "exec"),
+         scope)
+    try:
+        scope["outer"]()
+    except ValueError as e:
+        e.add_note("a note")
+        text = proto.user_traceback(e, ("test_ranks_pure.py",))
+        bare = proto.user_traceback(e, ("test_ranks_pure.py", "Cell In[4]"))
+    assert text == ('Traceback (most recent call last):\n  File "Cell In[4]", line 5, in outer\n'
+                    '  File "Cell In[4]", line 2, in inner\nValueError: deep\na note\n')
+    assert bare == "ValueError: deep\na note\n"  # no frame of the user's: no traceback header
+
+
+def test_line_joiner_hands_over_only_redrawn_lines_and_drains_in_the_order_of_the_keys_repr():
+    joiner = proto.LineJoiner()
+    assert joiner.take_redrawn("never fed") == ""
+    for key, text in [(10, "b"), (9, "a"), ("x", "c"), ((1, 2), "d")]:
+        joiner.feed(key, text)
+    assert joiner.drain() == [("x", "c"), ((1, 2), "d"), (10, "b"), (9, "a")]  # "'x'" < "(1, 2)" < "10" < "9"
+
+
+# --- what the mutation run found untested in distlab.warm.errors ---------------------------------------------
+def test_stacks_keep_their_indentation_and_lose_their_trailing_newlines_in_rank_order():
+    stacks = {1: '  File "Cell In[2]", line 1 in <module>\n\n', 0: "  (finished this call)\n"}
+    assert err.format_stacks(stacks) == ('--- rank 0 ---\n  (finished this call)\n'
+                                         '--- rank 1 ---\n  File "Cell In[2]", line 1 in <module>')
+
+
+def test_a_name_error_that_names_no_variable_gets_no_hint():
+    traceback = "NameError: cannot access free variable 'x' where it is not associated with a value"
+    assert err.not_on_the_ranks("NameError", traceback, {"x": 1}) == ""
+
+
+# --- what the mutation run found untested in distlab.view.stacks ---------------------------------------------
+TWO_THREADS = """Current thread 0x00007f05 (most recent call first):
+  File "Cell In[5]", line 3 in <module>
+  File "/src/distlab/warm/loop.py", line 120 in _exec
+
+Thread 0x00007f06 (most recent call first):
+  File "/home/me/loader.py", line 9 in fill
+Thread 0x00007f07 (most recent call first):
+  File "/src/distlab/worker.py", line 88 in _exit_with_parent
+"""
+
+
+def test_clean_stack_keeps_each_users_thread_apart_and_drops_only_the_watchdogs():
+    from distlab.view.stacks import clean_stack
+
+    assert clean_stack(TWO_THREADS, ("/distlab/",)) == (
+        'Current thread 0x00007f05 (most recent call first):\n  File "Cell In[5]", line 3 in <module>\n\n'
+        'Thread 0x00007f06 (most recent call first):\n  File "/home/me/loader.py", line 9 in fill')
+    assert clean_stack(TWO_THREADS, ("/distlab/",), compact=True) == (
+        'File "Cell In[5]", line 3 in <module>\n\nFile "/home/me/loader.py", line 9 in fill')

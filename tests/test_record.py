@@ -417,3 +417,204 @@ def test_an_interrupted_runs_record_and_error_say_each_thing_once():
         assert cell.count("worker processes were stopped") == 1, cell
         assert cell.count("/runs/x") == 1, cell
         assert "interrupted after 4.0 s" in shown
+
+
+# --- what the mutation run (bench/mutation.py) found untested in distlab.view.record -------------------------
+PRE = f'<pre style="{record.PRE_STYLE}">'
+FAILED = f'<span style="{record.FAILED_STYLE}">'
+
+
+def failed_board():
+    board = record.Board(2)
+    board.line(0, "a")
+    board.line(1, "b")
+    board.line(1, "c")
+    board.finish(record.Outcome("failed", wall_s=2.0, failed_rank=1, exitcode=3, run_dir="/runs/x", returns={0: 1}))
+    return board
+
+
+def test_a_failed_runs_record_word_for_word():
+    board = failed_board()
+    assert record.record_html(board) == (
+        f'<div class="distlab-record"><div style="{record.FAILED_STYLE}">distlab: rank 1 failed first (exit code 3) '
+        'after 2.0 s; the other ranks were stopped</div>'
+        f'<details open data-rank="1"><summary>rank 1 · {FAILED}✗ failed first (exit code 3)</span> · 2 lines'
+        f'</summary>{PRE}b\nc</pre></details>'
+        f'<details data-rank="0"><summary>rank 0 · stopped by distlab · 1 line</summary>{PRE}a</pre></details>'
+        '<div style="opacity:0.7">run folder: <code>/runs/x</code></div></div>')
+    assert record.record_text(board) == (
+        "distlab: rank 1 failed first (exit code 3) after 2.0 s; the other ranks were stopped\n"
+        "--- rank 1 · ✗ failed first (exit code 3) · 2 lines ---\nb\nc\n"
+        "--- rank 0 · stopped by distlab · 1 line ---\na\nrun folder: /runs/x")
+    assert board.ranks[0].exitcode is None and board.ranks[1].exitcode == 3
+
+
+def test_a_record_before_the_run_ended_word_for_word():
+    board = record.Board(2)
+    board.line(1, "one line")
+    assert record.record_html(board) == (
+        '<div class="distlab-record"><div style="font-weight:bold">distlab: ended</div>'
+        '<details data-rank="0"><summary>rank 0 · starting · no output</summary>'
+        '<div style="opacity:0.6;padding:0.3em 0.5em"><i>(printed nothing)</i></div></details>'
+        f'<details open data-rank="1"><summary>rank 1 · running · 1 line</summary>{PRE}one line</pre></details></div>')
+    assert record.record_text(board) == ("distlab: ended\n--- rank 0 · starting · 0 lines ---\n"
+                                         "--- rank 1 · running · 1 line ---\none line")
+
+
+@pytest.mark.parametrize("kind", ["timed out", "interrupted"])
+def test_a_run_that_did_not_finish_shows_no_return_values(kind):
+    board = record.Board(1)
+    board.finish(record.Outcome(kind, wall_s=1.0, returns={0: 42}))
+    assert "return values" not in record.record_html(board) and "returns:" not in record.record_text(board)
+    assert record.record_html(board).startswith('<div class="distlab-record"><div style="font-weight:bold">')
+
+
+def test_a_done_runs_record_counts_its_ranks_and_opens_up_to_four():
+    board = record.Board(4)
+    for rank in range(4):
+        board.line(rank, "x")
+    board.finish(record.Outcome("done", wall_s=None))
+    page = record.record_html(board)
+    assert "distlab: 4 ranks done in 0.0 s</div>" in page and "returns" not in record.record_text(board)
+    assert "return values" not in page  # nothing returned: no block for it
+    assert [block["open"] for block in Blocks(page).blocks] == [True] * 4
+    board = record.Board(5)
+    board.line(0, "x")
+    board.finish(record.Outcome("done", wall_s=1.5))
+    assert [block["open"] for block in Blocks(record.record_html(board)).blocks] == [False] * 5
+
+
+def test_the_earlier_lines_and_the_older_ones_word_for_word():
+    lines = [f"l{i}" for i in range(26)]
+    shown = f'{PRE}{chr(10).join(lines[1:])}</pre>'
+    assert record._output_html(lines, 26) == (
+        f'<details class="distlab-earlier"><summary>1 earlier lines</summary>{PRE}l0</pre></details>{shown}')
+    assert record._output_html(lines, 27) == (
+        f'<details class="distlab-earlier"><summary>2 earlier lines</summary>{PRE}… 1 older line: res.logs or '
+        f'the run folder\nl0</pre></details>{shown}')
+    assert "… 2 older lines: res.logs" in record._output_html(lines, 28)
+
+
+def test_a_live_pane_word_for_word():
+    assert record.pane_html([], 0) == '<div style="opacity:0.6;padding:0.3em 0.5em"><i></i></div>'
+    assert record.pane_html(["a", "b"], 2) == f"{PRE}a\nb</pre>"
+    assert record.pane_html(["a", "b"], 3) == f"{PRE}… 1 earlier line not shown\na\nb</pre>"
+    assert record.pane_html(["a", "b"], 4) == f"{PRE}… 2 earlier lines not shown\na\nb</pre>"
+
+
+def test_the_live_view_word_for_word():
+    board = record.Board(2)
+    board.line(0, "x")
+    board.metric(0, {"rank": 0, "time": 1.0, "step": 3, "total": 10, "loss": 0.25, "n": 2})
+    board.metric(1, {"rank": 1, "total": 5, "step": 0})
+    assert record.live_html(board, 3.2) == (
+        '<div class="distlab-live"><div style="font-weight:bold">distlab: 2 ranks · running 3 s</div>'
+        '<div class="distlab-live-note" style="opacity:0.7;font-size:smaller">live view as of 3 s; the run&#x27;s '
+        'record replaces it when the run ends in this kernel</div>'
+        '<div class="distlab-rank" data-rank="0"><div>rank 0 · running · 1 line · <progress value="3" max="10">'
+        f'</progress> 3/10  loss=0.25  n=2</div>{PRE}x</pre></div>'
+        '<div class="distlab-rank" data-rank="1"><div>rank 1 · running · <progress value="0" max="5"></progress> '
+        '0/5</div><div style="opacity:0.6;padding:0.3em 0.5em"><i>running, printed nothing yet</i></div></div></div>')
+    assert record.live_lines_per_rank(1) == record.LIVE_SHOWN_LINES == record.live_lines_per_rank(0)
+
+
+class Result:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class RankFailure(Exception):
+    def __init__(self, result=None):
+        super().__init__("distlab: rank 1 failed")
+        self.rank, self.result = 1, result
+
+
+def test_outcome_of_reads_what_the_engine_gave_whatever_it_lacks():
+    done = record.outcome_of(Result(logs={0: "x\n"}, wall_s=2.0, run_dir="/runs/y", returns={0: 1}))
+    assert (done.kind, done.logs, done.wall_s, done.run_dir, done.returns) == ("done", {0: "x\n"}, 2.0, "/runs/y",
+                                                                               {0: 1})
+    nothing = record.outcome_of(None, wall_s=1.0)
+    assert (nothing.kind, nothing.logs, nothing.wall_s, nothing.run_dir, nothing.returns) == ("done", None, 1.0, "",
+                                                                                              None)
+    assert record.outcome_of(Result(logs={}, run_dir="")).logs is None
+    failed = record.outcome_of(RankFailure(Result(logs={1: "boom\n"})))
+    assert (failed.kind, failed.failed_rank, failed.exitcode, failed.logs) == ("failed", 1, None, {1: "boom\n"})
+    error = RuntimeError("distlab: the agent failed. Run folder: /runs/z")
+    error.result = Result(logs={0: "y\n"}, wall_s=3.0, run_dir="/runs/z")
+    ended = record.outcome_of(error)
+    assert (ended.kind, ended.message, ended.logs, ended.wall_s, ended.run_dir) == (
+        "ended", "the agent failed.", {0: "y\n"}, 3.0, "/runs/z")
+
+
+def test_return_values_word_for_word():
+    assert record.returns_lines("v" * 700) == [("?", repr("v" * 700)[:600] + " …")]
+    assert record.returns_lines({10: {"b": 1, "a": 2}, 9: list(range(30))}) == [
+        (10, "{'b': 1, 'a': 2}"),  # ranks in the order of their repr, a dict in its own order
+        (9, "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,\n"
+            " 27, 28, 29]")]
+    wide = ["a" * 46, "b" * 47]  # its repr is 101 characters: two lines at a width of 100
+    assert record.returns_lines({0: wide}) == [(0, f"[{wide[0]!r},\n {wide[1]!r}]")]
+    assert record.returns_lines({0: "x" * 598}) == [(0, repr("x" * 598))]  # 600 characters: whole
+    assert record.returns_lines({0: "x" * 599})[0][1].endswith(" … (res.returns[0] holds all of it)")
+    assert " open>" in record.returns_html({0: "x" * 98})  # 100 characters: one line, open
+    assert " open>" not in record.returns_html({0: "x" * 99})
+    assert " open>" not in record.returns_html({0: wide})
+
+
+def test_clip_and_short_value():
+    assert record.clip("x" * 1000) == "x" * 1000
+    assert record.clip("x" * 1001) == "x" * 1000 + "…"
+    assert record.short_value(3) == "3" and record.short_value(0.123456) == "0.1235" and record.short_value("s") == "s"
+
+
+def test_board_states_move_only_forward():
+    board = record.Board(2)
+    assert not board.metric(0, {"rank": 0, "step": 1}) and board.ranks[0].phase == "starting"
+    assert board.returned(0, 1.5) and board.ranks[0].label() == "done in 1.5 s"
+    assert not board.returned(0, 2.0) and not board.started(0)
+    assert board.started(1) and not board.started(1)
+    board.finish(record.Outcome("done", wall_s=1.0))
+    assert board.ranks[0].done_s == 1.0 and board.ranks[1].done_s == 1.0  # none is done after the whole run
+    board = record.Board(1)
+    board.returned(0, 1.5)
+    board.finish(record.Outcome("done", wall_s=None))
+    assert board.ranks[0].done_s == 1.5
+    board = record.Board(2)
+    board.line(1, "x")
+    board.finish(record.Outcome("timed out"))
+    assert [s.phase for s in board.ranks] == ["timed out", "timed out"]
+    board = record.Board(2)
+    board.line(1, "x")
+    board.finish(record.Outcome("ended"))
+    assert [s.phase for s in board.ranks] == ["ended", "ended"]
+    assert record.RankState(0, phase="stopped", done_s=1.0).label() == "stopped by distlab"
+    assert record.RankState(0, phase="failed").label() == "✗ failed first"
+    assert record.Outcome("failed", failed_rank=2).headline(2) == "rank 2 failed first; the other ranks were stopped"
+    assert record.Outcome("timed out").headline(2) == "timed out; all ranks were stopped"
+
+
+def test_a_bar_at_the_top_of_the_tail_or_after_it_scrolled_is_updated_in_place():
+    board = record.Board(1)
+    board.progress(0, "10%", False)
+    board.progress(0, "20%", False)
+    assert list(board.ranks[0].lines) == ["20%"]
+    for i in range(record.LIVE_TAIL_LINES + 100):
+        board.line(0, f"l{i}")
+    board.progress(0, "30%", False)
+    board.progress(0, "40%", False)
+    assert list(board.ranks[0].lines)[-2:] == [f"l{record.LIVE_TAIL_LINES + 99}", "40%"]
+
+
+class TwoLines:
+    def __repr__(self):
+        return "first\nsecond"
+
+
+def test_a_value_that_is_not_a_dict_of_ranks_is_cut_only_past_600_characters():
+    assert record.returns_lines(5) == [("?", "5")]
+    assert record.returns_lines("x" * 598) == [("?", repr("x" * 598))]  # 600 characters: whole
+    assert record.returns_lines("x" * 599) == [("?", repr("x" * 599)[:600] + " …")]
+
+
+def test_a_short_value_shown_on_two_lines_is_one_click_away():
+    assert " open>" not in record.returns_html({0: TwoLines()})  # a tensor's repr, too, has several lines

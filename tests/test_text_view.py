@@ -107,3 +107,86 @@ def test_close_without_progress_writes_nothing(capsys):
     view = TextView(1, stream=stream)
     view.close()
     assert capsys.readouterr().err == "" and stream.getvalue() == ""
+
+
+# --- what the mutation run (bench/mutation.py) found untested in distlab.view.bars ------------------------
+def bars_with_a_kernel(start=0.0):
+    from distlab.view.bars import ProgressLines
+
+    shower, now = FakeShower(), [start]
+    return ProgressLines(io.StringIO(), shower, clock=lambda: now[0]), shower, now
+
+
+def test_a_held_back_state_is_the_one_a_bar_keeps_when_closed():
+    bars, shower, now = bars_with_a_kernel()
+    bars.show("a", "10%")
+    now[0] = 0.05
+    bars.show("a", "20%")  # sooner than MIN_UPDATE_S: held back
+    assert list(shower.outputs.values()) == ["10%"]
+    bars.close()
+    assert list(shower.outputs.values()) == ["20%"] and len(shower.calls) == 2
+    bars.show("b", "5%")
+    bars.close()  # nothing held back: nothing sent again
+    assert list(shower.outputs.values()) == ["20%", "5%"] and len(shower.calls) == 3
+
+
+def test_a_bar_is_redrawn_from_exactly_min_update_s_after_its_last_draw():
+    from distlab.view.bars import MIN_UPDATE_S
+
+    bars, shower, now = bars_with_a_kernel()
+    bars.show("a", "10%")
+    now[0] = MIN_UPDATE_S
+    bars.show("a", "20%")
+    assert list(shower.outputs.values()) == ["20%"]
+    bars, shower, now = bars_with_a_kernel(start=1000.0)  # a monotonic clock is far from 0
+    bars.show("a", "10%")
+    now[0] = 1000.05
+    bars.show("a", "20%")
+    assert list(shower.outputs.values()) == ["10%"]
+
+
+def test_a_bar_that_is_done_at_once_is_shown_and_an_empty_one_is_not():
+    bars, shower, _ = bars_with_a_kernel()
+    bars.show("a", "100%", done=True)
+    bars.show("b", "", done=True)
+    assert list(shower.outputs.values()) == ["100%"]
+
+
+def test_a_bar_done_at_once_in_a_text_front_end_prints_its_state_and_a_stream_may_lack_isatty():
+    from distlab.view.bars import ProgressLines
+
+    class Plain:  # a stream with no isatty
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+
+        def flush(self):
+            pass
+
+    stream = Plain()
+    bars = ProgressLines(stream)
+    bars.show("a", "100%", done=True)
+    bars.show("b", "50%")
+    bars.close()
+    assert stream.text == "100%\n50%\n"
+
+
+def test_on_a_terminal_the_latest_bar_is_on_the_bottom_line_and_it_is_cleared_once():
+    from distlab.view.bars import ProgressLines
+
+    stream = Tty()
+    bars = ProgressLines(stream)
+    bars.show("a", "a1")
+    bars.show("b", "b1")
+    bars.show("a", "a2")  # moved: now the latest
+    assert stream.getvalue().endswith("\r  \r" "a2")
+    bars.show("a", "a3", done=True)
+    bars.show("b", "b2", done=True)
+    bars.write("after\n")  # no bar left on the bottom line: nothing to clear
+    assert stream.getvalue().endswith("\r  \r" "a3\n" "b1" "\r  \r" "b2\n" "after\n")
+    bars.show("c", "c1")
+    bars.close()
+    bars.write("later\n")  # closed: the bottom line was cleared once, not again
+    assert stream.getvalue().endswith("after\n" "c1" "\r  \r" "c1\n" "later\n")
