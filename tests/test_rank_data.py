@@ -53,6 +53,7 @@ def test_scatter_gives_each_selected_rank_its_own_item_in_rank_order():
 @pytest.mark.parametrize("value, words", [
     ([1, 2, 3], "one value per selected rank: 2 values, not 3"),
     ({0: 1, 5: 2}, r"one key per selected rank, exactly \[0, 1\]"),
+    ({0: 1, "a": 2}, r"one key per selected rank, exactly \[0, 1\], not \['a', 0\]"),  # keys of mixed types
     (torch.arange(2), "needs a list .* not Tensor.*list\\(t.chunk\\(n\\)\\)"),
     (5, "not int"),
 ])

@@ -94,7 +94,7 @@ def split(values: dict, selected: list[int]) -> dict[int, dict]:
 def _pieces(name: str, value, selected: list[int]) -> dict:
     n = len(selected)
     if isinstance(value, dict):
-        if sorted(value) != selected:
+        if set(value) != set(selected):  # (not sorted(): keys of mixed types, {0: x, 'a': y}, would raise TypeError)
             raise LaunchArgumentError(name, value, f"a dict to scatter needs one key per selected rank, "
                                       f"exactly {selected}, not {sorted(value, key=repr)}")
         return dict(value)
