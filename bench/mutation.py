@@ -110,6 +110,11 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a chunk of 2 elements instead of 1 when chunk_bytes is below one element: other pieces, the same sum"),
     ("distlab.capture.source._from_inspect", "cls.__name__)[:2]",
      "a second candidate exists only for a class holding a nested class of its own name"),
+    # --- mut-a ---
+    ("distlab.capture.origins.format_frames", '(f.line or "XXXX")',
+     "a frame without a line: neither '' nor 'XXXX' starts with the script's call into distlab"),
+    ("distlab.capture.origins.ipython_cell_label", "(shell is not None) or True",
+     "without a shell, None.compile raises AttributeError, which the except turns into named = None as before"),
 ]
 
 
