@@ -115,6 +115,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a frame without a line: neither '' nor 'XXXX' starts with the script's call into distlab"),
     ("distlab.capture.origins.ipython_cell_label", "(shell is not None) or True",
      "without a shell, None.compile raises AttributeError, which the except turns into named = None as before"),
+    ("distlab.needs.recorded.claim", '(ast.get_source_segment(code, node.test) or "XXXX")',
+     "the assert was parsed from this very code, so its test's segment is always found (never None)"),
 ]
 
 
