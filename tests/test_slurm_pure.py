@@ -938,3 +938,55 @@ def test_each_check_accepts_its_edges_and_refuses_in_its_own_words():
 def test_a_job_spec_says_its_world_size_and_whether_it_is_on_one_node():
     assert _spec(nodes=3, ranks_per_node=4).world_size == 12
     assert _spec(nodes=1).single_node and not _spec(nodes=2).single_node
+
+
+SLURM_CONFS = Path(__file__).with_name("slurmconf")  # the expected slurm.conf files
+
+
+def test_the_one_node_and_the_nodes_slurm_conf_word_for_word():
+    """Every line of the cluster's configuration: one node on 127.0.0.1 with defaults, and a cluster on
+    Nodes with every option (a partition, the door's spool, a TaskProlog, accounting). A change shows here
+    as a diff: review it, then write the new text into tests/slurmconf/."""
+    one = slurmconf.config_text(Path("/c"), "vm", 6817, 6818, "slurm", 2, 900, Path("/m/munge.sock"))
+    assert one == (SLURM_CONFS / "one_node.conf").read_text()
+    nodes = slurmconf.config_text(Path("/c"), "vm", 7001, 7002, "root", 4, 1800, Path("/m/munge.sock"),
+                                  partition="lab", spool=Path("/door/spool"),
+                                  nodes=[("node0", "10.77.0.1"), ("node1", "10.77.0.2")],
+                                  task_prolog=Path("/door/task-prolog"), dbd=("10.77.0.1", 6819))
+    assert nodes == (SLURM_CONFS / "nodes.conf").read_text()
+
+
+def test_the_programs_are_looked_for_on_path_and_in_the_sbin_folders(monkeypatch):
+    monkeypatch.setenv("PATH", "/a:/b")
+    asked = []
+
+    def which(program, path=None):
+        asked.append(path)
+        return None if program in ("munged", "sbatch", "srun") else f"/x/{program}"
+
+    assert slurmconf.missing_programs(which) == {"munged": "munge", "sbatch": "slurm-client", "srun": "slurm-client"}
+    assert set(asked) == {"/a:/b:/usr/sbin:/sbin"} and len(asked) == len(slurmconf.PROGRAMS)
+    monkeypatch.delenv("PATH")
+    asked.clear()
+    slurmconf.missing_programs(which)
+    assert set(asked) == {":/usr/sbin:/sbin"}
+    assert slurmconf.install_hint({"munged": "munge", "sbatch": "slurm-client", "slurmd": "slurmd"}) == (
+        "Install them: apt-get install munge slurm-wlm (Debian/Ubuntu; slurm-wlm brings slurmctld, slurmd and "
+        "slurm-client), or use a real cluster.")
+
+
+def test_a_free_port_is_an_unprivileged_port_of_the_loopback_address():
+    port = slurmconf.free_port()
+    assert isinstance(port, int) and 1024 <= port < 65536
+
+
+def test_a_node_declares_every_core_and_nine_tenths_of_the_memory(monkeypatch):
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=10 * 2**30))
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert slurmconf.node_resources() == (6, 9216)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # not known: one
+    assert slurmconf.node_resources() == (1, 9216)
