@@ -117,6 +117,10 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "without a shell, None.compile raises AttributeError, which the except turns into named = None as before"),
     ("distlab.needs.recorded.claim", '(ast.get_source_segment(code, node.test) or "XXXX")',
      "the assert was parsed from this very code, so its test's segment is always found (never None)"),
+    ("distlab.slurm.spec._in_background", "*lines[end + 2:]]",
+     "the srun command is always the script's last line: nothing follows it to keep or drop"),
+    ("distlab.slurm.spec.check_extra", '"XX\\nXX" in option',
+     "OPTION alone refuses a newline (its . never matches one, and strip() removed the one $ would allow)"),
 ]
 
 

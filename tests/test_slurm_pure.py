@@ -878,9 +878,10 @@ SCRIPT_CASES = {
     "one_node_torchrun": dict(python=Path("/usr/bin/python3.11"), site_paths=("/venv/site", "/more site"),
                               gpus_per_node=2, partition="gpu", workdir=Path("/w"), requeue=True,
                               signal="B:SIGUSR1@60", extra=["--mem=4G"]),
-    "one_node_tasks": dict(mode="tasks", cpus_per_task=3, time="5"),
-    # several nodes: the rendezvous on the first; srun's continued lines behind the trap
-    "nodes_torchrun": dict(nodes=2, signal="B:USR2@90"),
+    # a directive of exactly the comments' column (40 characters): its comment goes above it
+    "one_node_tasks": dict(mode="tasks", cpus_per_task=3, time="5", workdir=Path("/home/learner/notebooks1")),
+    # several nodes: the rendezvous on the first; srun's continued lines behind the trap; a long option
+    "nodes_torchrun": dict(nodes=2, signal="B:USR2@90", extra=["--constraint=the-nodes-with-a-fast-network"]),
     # a path too long for its comment's column, a Python whose path needs quoting, a signal for the ranks
     "nodes_tasks": dict(mode="tasks", nodes=3, signal="R:USR1@30", python=Path("/opt/py 3/bin/python3"),
                         workdir=Path("/a/long/working/folder/of/the/notebook")),
