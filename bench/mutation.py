@@ -121,6 +121,11 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "the srun command is always the script's last line: nothing follows it to keep or drop"),
     ("distlab.slurm.spec.check_extra", '"XX\\nXX" in option',
      "OPTION alone refuses a newline (its . never matches one, and strip() removed the one $ would allow)"),
+    ("distlab.teach.network.net_dev", 'line.rpartition(":")', "a line of /proc/net/dev has one colon, after its name"),
+    ("distlab.teach.network.net_dev", "numbers.split()), strict=None))", "strict=None is strict=False"),
+    ("distlab.teach.network.net_dev", "numbers.split()), ))", "strict=False is zip's default"),
+    ("distlab.teach.network.paired_summary", "zip(mine, base, strict=None)", "strict=None is strict=False"),
+    ("distlab.teach.network.paired_summary", "zip(mine, base, )", "strict=False is zip's default"),
 ]
 
 
