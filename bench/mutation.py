@@ -115,6 +115,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "a frame without a line: neither '' nor 'XXXX' starts with the script's call into distlab"),
     ("distlab.capture.origins.ipython_cell_label", "(shell is not None) or True",
      "without a shell, None.compile raises AttributeError, which the except turns into named = None as before"),
+    ("distlab.capture.origins.ipython_cell_label", 'named = ""',
+     "the except branch: '' and None are both false, so the label falls to the file check either way"),
     ("distlab.needs.recorded.claim", '(ast.get_source_segment(code, node.test) or "XXXX")',
      "the assert was parsed from this very code, so its test's segment is always found (never None)"),
     ("distlab.slurm.spec._in_background", "*lines[end + 2:]]",

@@ -313,18 +313,18 @@ def test_a_launch_that_cannot_name_cells_warns_at_the_callers_line_and_the_file_
     callers = []
 
     def label(filename):
-        """Notes the file of save's caller (the frame outside save's own: under mutation testing,
+        """Notes the line of save's caller (the frame outside save's own: under mutation testing,
         mutmut's trampoline stands between them), then fails as an odd namespace would."""
         frames = [f.frame for f in inspect.stack()]
         inside = next(i for i, f in enumerate(frames) if re.fullmatch(r"(x_)?save(__mutmut_\w+)?", f.f_code.co_name))
-        callers.append(frames[inside + 1].f_code.co_filename)
+        callers.append((frames[inside + 1].f_code.co_filename, frames[inside + 1].f_lineno))
         raise RuntimeError("no label")
 
     path = tmp_path / "f.py"
     path.write_text("def f(rank):\n    return rank\n")
     with pytest.warns(UserWarning, match="will not name notebook cells") as caught:
         origins.save(path, run_cells("def f(rank):\n    return rank\n"), label)
-    assert caught[0].filename == callers[0]  # the line that called save, not save's own
+    assert (caught[0].filename, caught[0].lineno) == callers[0]  # the line that called save, not save's own
     origins.save(path, run_cells("def f(rank):\n    return rank\n"), lambda filename: "Cell In[1]")
     found = [{"qualname": "f", "first": 1, "last": 2, "where": "Cell In[1]", "line": 1}]
     assert origins.origins_path(path).read_text() == json.dumps(found, indent=1)  # one field a line, for people
