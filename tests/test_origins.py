@@ -299,7 +299,8 @@ def test_a_warnings_own_line_text_is_used_and_passed_on(tmp_path):
         return "plain\n"
 
     shown = origins.warning_formatter(plain, str(path))
-    assert shown("m", UserWarning, str(path), 2, "given code ") == "Cell In[2], line 2, in f: UserWarning: m\n  given code\n"
+    assert shown("m", UserWarning, str(path), 2, "given code ") == (
+        "Cell In[2], line 2, in f: UserWarning: m\n  given code\n")
     assert shown("m", UserWarning, str(path), 2, "") == "Cell In[2], line 2, in f: UserWarning: m\n"  # no source line
     assert shown("m", UserWarning, "/other.py", 2, "its line") == "plain\n"
     assert calls == [("m", UserWarning, "/other.py", 2, "its line")]

@@ -921,7 +921,8 @@ def test_each_check_accepts_its_edges_and_refuses_in_its_own_words():
     assert _refused(spec.check_name, 3) == "distlab.slurm: invalid name=3" + name
     extra = ': is not one sbatch option. Give each as "--option=value" (e.g. "--mem=4G").'
     assert spec.check_extra(None) == [] and spec.check_extra(["#SBATCH   --mem=4G  "]) == ["--mem=4G"]
-    assert _refused(spec.check_extra, ["--mem=4G", "--x=1\n--y"]) == "distlab.slurm: invalid extra='--x=1\\n--y'" + extra
+    assert _refused(spec.check_extra, ["--mem=4G", "--x=1\n--y"]) == (
+        "distlab.slurm: invalid extra='--x=1\\n--y'" + extra)
     assert _refused(spec.check_extra, [None]) == "distlab.slurm: invalid extra=None" + extra
     signal = ': is not [B:]SIGNAL[@seconds]. For example "USR1@60".'
     assert [spec.check_signal(s) for s in (None, "USR1", "SIGTERM@5", "R:USR2@60")] == [None, "USR1", "SIGTERM@5",
