@@ -197,10 +197,10 @@ def test_the_counters_of_this_machines_first_interface_and_a_line_with_more_colu
 
 def test_the_paired_summary_across_nodes_of_different_lengths_and_its_defaults():
     compute = {"times": [9, 1, 1, 1], "sent": [0] * 4, "losses": [3, 2, 1]}
-    ddp = {"times": [9, 2, 2, 2, 2, 2], "sent": [4e6] * 6, "losses": [3, 2, 0.5]}   # more steps than the floor has
+    ddp = {"times": [9, 2, 2, 2, 2, 2], "sent": [10e6] + [4e6] * 5, "losses": [3, 2, 0.5]}  # more steps than the floor
     out = network.paired_summary({0: {"compute only": compute, "DDP": ddp}}, "compute only")  # skip 0: 9 is a floor
     assert out["DDP"]["vs_compute"] == pytest.approx(2) and out["DDP"]["compute_s"] == 1
-    assert out["DDP"]["mb_per_step"] == 4 and out["DDP"]["loss"] == 0.5
+    assert out["DDP"]["mb_per_step"] == 5 and out["DDP"]["loss"] == 0.5          # the first step counted too
     accumulated = {"times": [9, 1, 1, 1], "sent": [0] * 4, "losses": [1], "k": 2}
     assert network.paired_summary({0: {"compute only": compute, "acc": accumulated}}, "compute only")[
         "acc"]["vs_compute"] == 1
@@ -266,6 +266,6 @@ def test_the_link_bytes_exercise_word_for_word(capsys):
         network.check_link_bytes((flat, hier_out))
     assert str(info.value) == (f"hierarchical: {hier_out!r} is not it. Only one rank per node takes part in the "
                                "ring between nodes.")
-    assert network.check_link_bytes((2 * 5 / 6 * 10, 2 * 2 / 3 * 10), nbytes=10, nodes=3, per_node=2)
-    assert capsys.readouterr().out == ("correct: 0.0 MB against 0.0 MB per node over the slow links "
-                                       "(1.25x as much for the flat ring)\n")
+    assert network.check_link_bytes((75e3, 50e3), nbytes=50e3, nodes=2, per_node=2)   # 0.05 MB: at a rounding edge
+    assert capsys.readouterr().out == ("correct: 0.1 MB against 0.1 MB per node over the slow links "
+                                       "(1.50x as much for the flat ring)\n")
