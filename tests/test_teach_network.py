@@ -27,8 +27,25 @@ def test_bound_is_bytes_over_the_rate():
     assert network.bound_s(64 * 2**20, 4, 1e9) == pytest.approx(1.5 * 64 * 2**20 * 8 / 1e9)
 
 
+def message_sizes(*args) -> list[int]:
+    """``network.message_sizes(*args)``, failed after 2 s: a loop that never reaches ``largest`` fails
+    the test instead of hanging it."""
+    import signal
+
+    def too_long(*_):
+        raise TimeoutError("message_sizes never ends")
+
+    signal.signal(signal.SIGALRM, too_long)
+    signal.setitimer(signal.ITIMER_REAL, 2)
+    try:
+        return network.message_sizes(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
 def test_message_sizes_and_their_names():
-    sizes = network.message_sizes(4096, 64 * network.MB)
+    sizes = message_sizes(4096, 64 * network.MB)
     assert sizes[0] == 4096 and sizes[-1] == 64 * network.MB and len(sizes) == 8
     assert all(b == 4 * a for a, b in zip(sizes, sizes[1:], strict=False))
     names = [network.size_text(s) for s in (4096, network.MB, 64 * network.MB, 512)]
@@ -159,19 +176,7 @@ def test_the_tables_as_the_chapter_prints_them(capsys):
 # --- mutation second pass (#60) ----------------------------------------------------------------
 
 def test_defaults_and_edges_of_the_sizes_repeats_and_quantiles():
-    import signal
-
-    def too_long(*_):
-        raise TimeoutError("message_sizes never ends")
-
-    signal.signal(signal.SIGALRM, too_long)
-    signal.setitimer(signal.ITIMER_REAL, 2)
-    try:
-        sizes = network.message_sizes()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    assert sizes == [4096 * 4**i for i in range(8)]
+    assert message_sizes() == [4096 * 4**i for i in range(8)]
     assert network.repeats(network.MB, 1e9) == 16           # 16 bursts of 1 MB (at 1 Gbit/s) in 1 MiB messages
     assert network.repeats(32 * network.MB, 1e9) == 1       # `alone` itself is timed once
     assert network.repeats(32 * network.MB - 1, 1e9) == 3
