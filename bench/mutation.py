@@ -174,6 +174,24 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.view.record.Board.progress", "not 0 <= index <= len(state.lines)",
      "bar_at is below count while it is set: the index never reaches len(lines)"),
     ("distlab.view.record.returns_lines", "sort_dicts=None)", "pprint tests sort_dicts for truth: None is False"),
+    # --- mut-a ---
+    ("distlab.capture.origins.format_frames", '(f.line or "XXXX")',
+     "a frame without a line: neither '' nor 'XXXX' starts with the script's call into distlab"),
+    ("distlab.capture.origins.ipython_cell_label", "(shell is not None) or True",
+     "without a shell, None.compile raises AttributeError, which the except turns into named = None as before"),
+    ("distlab.capture.origins.ipython_cell_label", 'named = ""',
+     "the except branch: '' and None are both false, so the label falls to the file check either way"),
+    ("distlab.needs.recorded.claim", '(ast.get_source_segment(code, node.test) or "XXXX")',
+     "the assert was parsed from this very code, so its test's segment is always found (never None)"),
+    ("distlab.slurm.spec._in_background", "*lines[end + 2:]]",
+     "the srun command is always the script's last line: nothing follows it to keep or drop"),
+    ("distlab.slurm.spec.check_extra", '"XX\\nXX" in option',
+     "OPTION alone refuses a newline (its . never matches one, and strip() removed the one $ would allow)"),
+    ("distlab.teach.network.net_dev", 'line.rpartition(":")', "a line of /proc/net/dev has one colon, after its name"),
+    ("distlab.teach.network.net_dev", "numbers.split()), strict=None))", "strict=None is strict=False"),
+    ("distlab.teach.network.net_dev", "numbers.split()), ))", "strict=False is zip's default"),
+    ("distlab.teach.network.paired_summary", "zip(mine, base, strict=None)", "strict=None is strict=False"),
+    ("distlab.teach.network.paired_summary", "zip(mine, base, )", "strict=False is zip's default"),
 ]
 
 

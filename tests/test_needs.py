@@ -215,3 +215,61 @@ def test_a_changed_cell_shows_no_stale_recording(shell, capsys):
 def test_a_bad_requirement_stops_the_cell_with_the_usage(shell, capsys):
     result = run(shell, "%%needs gpus\nprint('ran')\n")
     assert not result.success and "ran" not in capsys.readouterr().out
+
+
+# --- mutation second pass (#60): the parts the shell tests do not look at ------------------------
+
+def test_a_cells_key_is_the_one_the_shipped_recordings_were_made_with():
+    """The recordings in the package are found by this key: another form of it orphans every one of them."""
+    assert recorded.cell_key("slurm", "a = 1\nb = 2\n") == "adc3ae3e456ef9133e1f"
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What :func:`recorded.show` and :func:`recorded.note` hand to IPython's display: (object, keywords)."""
+    import IPython.display
+
+    calls = []
+    monkeypatch.setattr(IPython.display, "display", lambda *args, **kw: calls.append((args, kw)))
+    return calls
+
+
+def test_a_recordings_streams_and_displays_come_back_as_they_were(shown, capsys):
+    png = {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}
+    recording = {"recorded": {"date": "2026-12-05", "setting": "Linux as root"}, "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "to stdout\n"},
+        {"output_type": "stream", "name": "stderr", "text": "to stderr\n"},
+        {"output_type": "display_data", "data": png, "metadata": {"image/png": {"width": 300}}},
+        {"output_type": "execute_result", "data": {"text/plain": "6"}, "execution_count": 3},
+        {"output_type": "error", "ename": "E", "evalue": "", "traceback": []}]}
+    recorded.show(recording)
+    out = capsys.readouterr()
+    assert (out.out, out.err) == ("to stdout\n", "to stderr\n")
+    assert shown[1:] == [((png,), {"raw": True, "metadata": {"image/png": {"width": 300}}}),
+                         (({"text/plain": "6"},), {"raw": True, "metadata": {}})]  # (shown[0]: the label)
+
+
+def test_the_note_is_a_box_in_html_and_one_line_in_plain_text(shown):
+    recorded.note("Not run <here>")
+    recorded.note("Not run", "a <cause>")
+    style = "border-left:4px solid #c90;padding:2px 8px;margin:2px 0;font-style:italic"
+    assert shown == [
+        (({"text/plain": "Not run <here>", "text/html": f'<div style="{style}">Not run &lt;here&gt;</div>'},),
+         {"raw": True}),
+        (({"text/plain": f"Not run {recorded.DETAIL}: a <cause>",
+           "text/html": f'<div style="{style}">Not run<details><summary style="font-style:normal">'
+                        f'{recorded.DETAIL}</summary>a &lt;cause&gt;</details></div>'},), {"raw": True})]
+
+
+@pytest.mark.parametrize("body, claim", [
+    ("#Xs mark the spot\nassert x\n", "Xs mark the spot"),                    # only the comment's # goes
+    ("# the sum is right.\nassert x\n", "the sum is right"),                  # its end's punctuation goes
+    ("# the last is X\nassert x\n", "the last is X"),
+    ("# .5 is half\nassert x\n", ".5 is half"),                                # not its start's
+    ("assert (x ==  # not this comment\n        1)\n", "x == # not this comment 1"),  # a longer assert: its code
+    ("# " + "a" * 90 + "\nassert x\n", "a" * 90),                                # the limit itself is not cut
+    ("# " + "a" * 86 + " " + "b" * 10 + "\nassert x\n", "a" * 86 + "..."),       # cut, its blanks dropped
+    ("# " + "a" * 85 + " " + "b" * 10 + "\nassert x\n", "a" * 85 + " b..."),
+])
+def test_each_claim_is_its_comment_or_its_code_cut_at_the_limit(body, claim):
+    assert recorded.checked(body) == recorded.CHECKED.format(claims=claim)

@@ -197,3 +197,135 @@ def test_a_hanging_ranks_dump_names_the_cell_only_for_the_runs_own_script(tmp_pa
         "    (from the notebook: Cell In[2], line 5, in hang)",
         f'  File "{elsewhere}/hang.py", line 7 in hang',  # another folder's origins are not trusted
         f'  File "{run}/hang.py", line 30 in <module>']
+
+
+# ------------------------------------------------------------------ mutation second pass (#60)
+
+def test_a_cell_is_labelled_as_ipython_names_it_and_a_real_file_by_its_path(tmp_path, monkeypatch):
+    """Without a notebook label the learner's traceback names no cell; a file on disk keeps its path."""
+    import IPython
+
+    class Compiler:
+        def format_code_name(self, name):
+            return ("Cell", "In[3]") if name == "<cell 3>" else None
+
+    class Shell:
+        compile = Compiler()
+
+    real = tmp_path / "train.py"
+    real.write_text("x = 1\n")
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    assert origins.ipython_cell_label("<cell 3>") == "Cell In[3]"
+    assert origins.ipython_cell_label(str(real)) == f'File "{real}"'  # IPython has no name for it
+    assert origins.ipython_cell_label("<cell 4>") is None
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # plain python: no shell
+    assert origins.ipython_cell_label("<cell 3>") is None
+    assert origins.ipython_cell_label(str(real)) == f'File "{real}"'
+    assert origins.ipython_cell_label(str(tmp_path / "gone.py")) is None
+
+
+def test_static_and_class_methods_are_found_and_names_that_are_no_function_are_skipped():
+    source = ("class C:\n"
+              "    @staticmethod\n    def s():\n        pass\n\n"
+              "    @classmethod\n    def c(cls):\n        pass\n\n"
+              "def f():\n    pass\n\n"
+              "def g():\n    pass\n\n"
+              "class Gone:\n    def m(self):\n        pass\n")
+    ns = run_cells(source)
+    ns["g"] = 3  # rebound to something without code
+    del ns["Gone"]  # a class the namespace no longer has
+    found = origins.origins(source, ns, lambda filename: "Cell In[1]")
+    assert [(o["qualname"], o["first"], o["line"]) for o in found] == [("C.s", 2, 2), ("C.c", 6, 6), ("f", 10, 10)]
+
+
+def test_the_innermost_range_holding_a_line_names_it_from_its_first_line_on(tmp_path):
+    import json
+
+    path = tmp_path / "x.py"
+    json_text = json.dumps([{"qualname": "Outer", "first": 1, "last": 10, "where": "Cell In[1]", "line": 1},
+                            {"qualname": "Outer.inner", "first": 8, "last": 9, "where": "Cell In[2]", "line": 5}])
+    origins.origins_path(path).write_text(json_text)
+    assert origins.place(str(path), 8) == "Cell In[2], line 5, in Outer.inner"
+    assert origins.place(str(path), 7) == "Cell In[1], line 7, in Outer"
+    assert origins.place(str(path), 1) == "Cell In[1], line 1, in Outer"
+    assert origins.place(str(path), 11) is None
+    cache = {}
+    origins.place(str(path), 8, cache)
+    assert list(cache) == [origins.origins_path(path)]  # the caller's cache is the one filled
+
+
+def test_each_origins_file_is_read_once_per_dump_traceback_and_warning_formatter(tmp_path, monkeypatch):
+    """A stack of many frames of the script must not read its origins file once per frame."""
+    import json
+    import traceback
+
+    path = tmp_path / "hang.py"
+    origins.origins_path(path).write_text(json.dumps(
+        [{"qualname": "hang", "first": 5, "last": 9, "where": "Cell In[2]", "line": 3}]))
+    reads = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda text: reads.append(1) or real_loads(text))
+    dump = f'  File "{path}", line 7 in hang\n  File "{path}", line 8 in hang'
+    assert origins.annotate_dump(dump, tmp_path).count("from the notebook") == 2
+    assert len(reads) == 1
+    frames = [traceback.FrameSummary(str(path), n, "hang", line="pass") for n in (6, 7)]
+    assert origins.format_frames(frames, str(path)).count("from the notebook") == 2
+    assert len(reads) == 2
+    shown = origins.warning_formatter(warnings.formatwarning, str(path))
+    assert all(shown("w", UserWarning, str(path), n, "pass").startswith("Cell In[2]") for n in (6, 7))
+    assert len(reads) == 3
+
+
+def test_frames_without_a_script_format_exactly_as_pythons_own():
+    import traceback
+
+    frames = [traceback.FrameSummary("/a.py", 3, "f", line="x = 1"),
+              traceback.FrameSummary("/b.py", 4, "g", line="y = 2")]
+    assert origins.format_frames(frames) == "".join(traceback.format_list(frames))
+    assert origins.format_frames(frames, "/a.py") == "".join(traceback.format_list(frames))  # no origins file
+
+
+def test_a_warnings_own_line_text_is_used_and_passed_on(tmp_path):
+    import json
+
+    path = tmp_path / "w.py"
+    path.write_text("\n" * 10)
+    origins.origins_path(path).write_text(json.dumps(
+        [{"qualname": "f", "first": 1, "last": 9, "where": "Cell In[2]", "line": 1}]))
+    calls = []
+
+    def plain(*args):
+        calls.append(args)
+        return "plain\n"
+
+    shown = origins.warning_formatter(plain, str(path))
+    assert shown("m", UserWarning, str(path), 2, "given code ") == (
+        "Cell In[2], line 2, in f: UserWarning: m\n  given code\n")
+    assert shown("m", UserWarning, str(path), 2, "") == "Cell In[2], line 2, in f: UserWarning: m\n"  # no source line
+    assert shown("m", UserWarning, "/other.py", 2, "its line") == "plain\n"
+    assert calls == [("m", UserWarning, "/other.py", 2, "its line")]
+
+
+def test_a_launch_that_cannot_name_cells_warns_at_the_callers_line_and_the_file_is_readable(tmp_path):
+    import inspect
+    import json
+    import re
+
+    callers = []
+
+    def label(filename):
+        """Notes the line of save's caller (the frame outside save's own: under mutation testing,
+        mutmut's trampoline stands between them), then fails as an odd namespace would."""
+        frames = [f.frame for f in inspect.stack()]
+        inside = next(i for i, f in enumerate(frames) if re.fullmatch(r"(x_)?save(__mutmut_\w+)?", f.f_code.co_name))
+        callers.append((frames[inside + 1].f_code.co_filename, frames[inside + 1].f_lineno))
+        raise RuntimeError("no label")
+
+    path = tmp_path / "f.py"
+    path.write_text("def f(rank):\n    return rank\n")
+    with pytest.warns(UserWarning, match="will not name notebook cells") as caught:
+        origins.save(path, run_cells("def f(rank):\n    return rank\n"), label)
+    assert (caught[0].filename, caught[0].lineno) == callers[0]  # the line that called save, not save's own
+    origins.save(path, run_cells("def f(rank):\n    return rank\n"), lambda filename: "Cell In[1]")
+    found = [{"qualname": "f", "first": 1, "last": 2, "where": "Cell In[1]", "line": 1}]
+    assert origins.origins_path(path).read_text() == json.dumps(found, indent=1)  # one field a line, for people

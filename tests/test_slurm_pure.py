@@ -867,3 +867,128 @@ def test_the_job_environment_is_installed_in_the_door_with_its_owners_and_modes(
         "\n# `export NAME=value` line it prints in the task's environment.\n"
         'echo "export PATH=/d/env/bin:$PATH"\n'
         'tmp=/d/tmp/job-"$SLURM_JOB_ID"\nmkdir -p -m 700 "$tmp" && echo "export TMPDIR=$tmp"\n')
+
+
+# --- mutation second pass (#60): the sbatch scripts and the checks word for word -------------------
+
+SBATCH_SCRIPTS = Path(__file__).with_name("sbatch")  # the expected scripts: read them as a learner would
+SCRIPT_CASES = {
+    # one node, distlab's agent; a Python of the system with the notebook's packages, every optional option,
+    # a warning signal for the batch shell alone (so srun runs in the background, behind a trap)
+    "one_node_torchrun": dict(python=Path("/usr/bin/python3.11"), site_paths=("/venv/site", "/more site"),
+                              gpus_per_node=2, partition="gpu", workdir=Path("/w"), requeue=True,
+                              signal="B:SIGUSR1@60", extra=["--mem=4G"]),
+    # a directive of exactly the comments' column (40 characters): its comment goes above it
+    "one_node_tasks": dict(mode="tasks", cpus_per_task=3, time="5", workdir=Path("/home/learner/notebooks1")),
+    # several nodes: the rendezvous on the first; srun's continued lines behind the trap; a long option
+    "nodes_torchrun": dict(nodes=2, signal="B:USR2@90", extra=["--constraint=the-nodes-with-a-fast-network"]),
+    # a path too long for its comment's column, a Python whose path needs quoting, a signal for the ranks
+    "nodes_tasks": dict(mode="tasks", nodes=3, signal="R:USR1@30", python=Path("/opt/py 3/bin/python3"),
+                        workdir=Path("/a/long/working/folder/of/the/notebook")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPT_CASES))
+def test_each_kind_of_sbatch_script_word_for_word(case):
+    """The whole script, comments included: they are what a learner reads to learn what the job does.
+    A change to the script shows here as a diff: review it, then write the new text into tests/sbatch/."""
+    job = _spec(target=Path("/w/train.py"), name="train", **SCRIPT_CASES[case])
+    text = spec.render(job, Path(f"/runs/r1/{case}.sbatch"), Path("/runs/r1/logs/slurm-%j.out"))
+    assert text == (SBATCH_SCRIPTS / f"{case}.sbatch").read_text()
+
+
+def _refused(check, *args) -> str:
+    with pytest.raises(errors.SlurmArgumentError) as info:
+        check(*args)
+    return str(info.value)
+
+
+def test_each_check_accepts_its_edges_and_refuses_in_its_own_words():
+    must = "must be an integer >= {}."
+    assert _refused(spec.positive, "nodes", 0) == "distlab.slurm: invalid nodes=0: " + must.format(1)
+    assert _refused(spec.positive, "nodes", True) == "distlab.slurm: invalid nodes=True: " + must.format(1)
+    assert _refused(spec.positive, "nodes", 2.0) == "distlab.slurm: invalid nodes=2.0: " + must.format(1)
+    assert _refused(spec.positive, "n", 1, 2) == "distlab.slurm: invalid n=1: " + must.format(2)
+    assert spec.positive("gpus", 0, 0) == 0 and spec.positive("nodes", 1) == 1 and spec.positive("n", 2, 2) == 2
+    time = ': is not a Slurm time limit. Write minutes (10), "MM:SS", "HH:MM:SS" or "D-HH:MM:SS".'
+    assert _refused(spec.check_time, 0) == "distlab.slurm: invalid time=0" + time
+    assert _refused(spec.check_time, True) == "distlab.slurm: invalid time=True" + time
+    assert _refused(spec.check_time, "x") == "distlab.slurm: invalid time='x'" + time
+    assert spec.check_time(1) == "1"
+    name = ": must be 1-64 letters, digits, '_', '.', '+' or '-'."
+    assert spec.check_name("a" * 64) == "a" * 64 and spec.check_name("A_z.9+-") == "A_z.9+-"
+    assert _refused(spec.check_name, "a" * 65) == f"distlab.slurm: invalid name={'a' * 65!r}" + name
+    assert _refused(spec.check_name, 3) == "distlab.slurm: invalid name=3" + name
+    extra = ': is not one sbatch option. Give each as "--option=value" (e.g. "--mem=4G").'
+    assert spec.check_extra(None) == [] and spec.check_extra(["#SBATCH   --mem=4G  "]) == ["--mem=4G"]
+    assert _refused(spec.check_extra, ["--mem=4G", "--x=1\n--y"]) == (
+        "distlab.slurm: invalid extra='--x=1\\n--y'" + extra)
+    assert _refused(spec.check_extra, [None]) == "distlab.slurm: invalid extra=None" + extra
+    signal = ': is not [B:]SIGNAL[@seconds]. For example "USR1@60".'
+    assert [spec.check_signal(s) for s in (None, "USR1", "SIGTERM@5", "R:USR2@60")] == [None, "USR1", "SIGTERM@5",
+                                                                                       "R:USR2@60"]
+    assert _refused(spec.check_signal, 5) == "distlab.slurm: invalid signal=5" + signal
+    assert _refused(spec.check_signal, "X:USR1") == "distlab.slurm: invalid signal='X:USR1'" + signal
+    assert _refused(spec.check_signal, "usr1") == "distlab.slurm: invalid signal='usr1'" + signal
+    assert spec.check_mode("tasks") == "tasks" and spec.check_mode("torchrun") == "torchrun"
+    assert _refused(spec.check_mode, "mpi") == "distlab.slurm: invalid mode='mpi': must be one of 'torchrun', 'tasks'."
+    assert _refused(spec.check_partition, "gpu", []) == (
+        "distlab.slurm: invalid partition='gpu': is not a partition of this cluster. Partitions here: (none) "
+        "(see `sinfo`).")
+
+
+def test_a_job_spec_says_its_world_size_and_whether_it_is_on_one_node():
+    assert _spec(nodes=3, ranks_per_node=4).world_size == 12
+    assert _spec(nodes=1).single_node and not _spec(nodes=2).single_node
+
+
+SLURM_CONFS = Path(__file__).with_name("slurmconf")  # the expected slurm.conf files
+
+
+def test_the_one_node_and_the_nodes_slurm_conf_word_for_word():
+    """Every line of the cluster's configuration: one node on 127.0.0.1 with defaults, and a cluster on
+    Nodes with every option (a partition, the door's spool, a TaskProlog, accounting). A change shows here
+    as a diff: review it, then write the new text into tests/slurmconf/."""
+    one = slurmconf.config_text(Path("/c"), "vm", 6817, 6818, "slurm", 2, 900, Path("/m/munge.sock"))
+    assert one == (SLURM_CONFS / "one_node.conf").read_text()
+    nodes = slurmconf.config_text(Path("/c"), "vm", 7001, 7002, "root", 4, 1800, Path("/m/munge.sock"),
+                                  partition="lab", spool=Path("/door/spool"),
+                                  nodes=[("node0", "10.77.0.1"), ("node1", "10.77.0.2")],
+                                  task_prolog=Path("/door/task-prolog"), dbd=("10.77.0.1", 6819))
+    assert nodes == (SLURM_CONFS / "nodes.conf").read_text()
+
+
+def test_the_programs_are_looked_for_on_path_and_in_the_sbin_folders(monkeypatch):
+    monkeypatch.setenv("PATH", "/a:/b")
+    asked = []
+
+    def which(program, path=None):
+        asked.append(path)
+        return None if program in ("munged", "sbatch", "srun") else f"/x/{program}"
+
+    assert slurmconf.missing_programs(which) == {"munged": "munge", "sbatch": "slurm-client", "srun": "slurm-client"}
+    assert set(asked) == {"/a:/b:/usr/sbin:/sbin"} and len(asked) == len(slurmconf.PROGRAMS)
+    monkeypatch.delenv("PATH")
+    asked.clear()
+    slurmconf.missing_programs(which)
+    assert set(asked) == {":/usr/sbin:/sbin"}
+    assert slurmconf.install_hint({"munged": "munge", "sbatch": "slurm-client", "slurmd": "slurmd"}) == (
+        "Install them: apt-get install munge slurm-wlm (Debian/Ubuntu; slurm-wlm brings slurmctld, slurmd and "
+        "slurm-client), or use a real cluster.")
+
+
+def test_a_free_port_is_an_unprivileged_port_of_the_loopback_address():
+    port = slurmconf.free_port()
+    assert isinstance(port, int) and 1024 <= port < 65536
+
+
+def test_a_node_declares_every_core_and_nine_tenths_of_the_memory(monkeypatch):
+    import types
+
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=10 * 2**30))
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert slurmconf.node_resources() == (6, 9216)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # not known: one
+    assert slurmconf.node_resources() == (1, 9216)

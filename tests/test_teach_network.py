@@ -27,8 +27,25 @@ def test_bound_is_bytes_over_the_rate():
     assert network.bound_s(64 * 2**20, 4, 1e9) == pytest.approx(1.5 * 64 * 2**20 * 8 / 1e9)
 
 
+def message_sizes(*args) -> list[int]:
+    """``network.message_sizes(*args)``, failed after 2 s: a loop that never reaches ``largest`` fails
+    the test instead of hanging it."""
+    import signal
+
+    def too_long(*_):
+        raise TimeoutError("message_sizes never ends")
+
+    signal.signal(signal.SIGALRM, too_long)
+    signal.setitimer(signal.ITIMER_REAL, 2)
+    try:
+        return network.message_sizes(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
 def test_message_sizes_and_their_names():
-    sizes = network.message_sizes(4096, 64 * network.MB)
+    sizes = message_sizes(4096, 64 * network.MB)
     assert sizes[0] == 4096 and sizes[-1] == 64 * network.MB and len(sizes) == 8
     assert all(b == 4 * a for a, b in zip(sizes, sizes[1:], strict=False))
     names = [network.size_text(s) for s in (4096, network.MB, 64 * network.MB, 512)]
@@ -154,3 +171,106 @@ def test_the_tables_as_the_chapter_prints_them(capsys):
         "flat                            250 ms       1.50     50 ms     12.35   0.1235\n")
     assert [network.size_text(b) for b in (1023, 1024, 1536, 2**20 - 1, 2**20, 2**30)] == [
         "1023 B", "1 KB", "1.5 KB", "1024 KB", "1 MB", "1 GB"]
+
+
+# --- mutation second pass (#60) ----------------------------------------------------------------
+
+def test_defaults_and_edges_of_the_sizes_repeats_and_quantiles():
+    assert message_sizes() == [4096 * 4**i for i in range(8)]
+    assert network.repeats(network.MB, 1e9) == 16           # 16 bursts of 1 MB (at 1 Gbit/s) in 1 MiB messages
+    assert network.repeats(32 * network.MB, 1e9) == 1       # `alone` itself is timed once
+    assert network.repeats(32 * network.MB - 1, 1e9) == 3
+    assert network.quantile([3, 1, 2], 1.5) == 3            # past the end: the largest
+    with pytest.raises(ValueError, match="^no values$"):
+        network.quantile([], 0.5)
+    with pytest.raises(ValueError, match="^a ring needs at least one rank, not 0$"):
+        network.ring_bytes(1, 0)
+    assert network.cycle_times([1, 2]) == [1, 2]            # one micro-step per cycle unless told
+    assert network.step_of({"times": [1, 5, 6, 7, 8]}) == 5      # no warm-up left out, the lower quartile
+    assert network.step_of({"times": [1, 5, 6, 7, 8]}, q=1) == 8
+    assert network.step_of({"times": [1, 3, 5, 7]}, q=0) == 1
+    assert network.step_of({"times": [1, 3, 5, 7], "k": 2}, q=0) == 2    # per micro-step of a cycle
+
+
+def test_the_counters_of_this_machines_first_interface_and_a_line_with_more_columns(tmp_path):
+    path = tmp_path / "dev"
+    path.write_text(NET_DEV)
+    assert network.sent_bytes(path=str(path)) == 67239511   # eth0 unless told
+    later = NET_DEV + "  eth1: " + " ".join(str(i) for i in range(18)) + "\n"   # a kernel with more columns
+    assert network.net_dev(later)["eth1"]["tx_bytes"] == 8 and len(network.net_dev(later)["eth1"]) == 16
+
+
+def test_the_paired_summary_across_nodes_of_different_lengths_and_its_defaults():
+    compute = {"times": [9, 1, 1, 1], "sent": [0] * 4, "losses": [3, 2, 1]}
+    ddp = {"times": [9, 2, 2, 2, 2, 2], "sent": [10e6] + [4e6] * 5, "losses": [3, 2, 0.5]}  # more steps than the floor
+    out = network.paired_summary({0: {"compute only": compute, "DDP": ddp}}, "compute only")  # skip 0: 9 is a floor
+    assert out["DDP"]["vs_compute"] == pytest.approx(2) and out["DDP"]["compute_s"] == 1
+    assert out["DDP"]["mb_per_step"] == 5 and out["DDP"]["loss"] == 0.5          # the first step counted too
+    accumulated = {"times": [9, 1, 1, 1], "sent": [0] * 4, "losses": [1], "k": 2}
+    assert network.paired_summary({0: {"compute only": compute, "acc": accumulated}}, "compute only")[
+        "acc"]["vs_compute"] == 1
+    short = {"compute only": {"times": [9, 1], "sent": [0] * 2, "losses": [1]}}
+    with pytest.raises(ValueError):   # nodes that took different numbers of steps: no rounds to pair
+        network.paired_summary({0: {"compute only": compute}, 1: short}, "compute only")
+
+
+def test_the_summary_prints_milliseconds(capsys):
+    network.print_summary({"x": {"step_s": 1.0, "vs_compute": 1, "waiting_s": 2.0, "mb_per_step": 0, "loss": 0}})
+    assert capsys.readouterr().out.splitlines()[1].split()[1:5] == ["1000", "ms", "1.00", "2000"]
+
+
+def test_an_answer_counts_within_one_percent_either_way():
+    assert network._close(101, 100) and network._close(99, 100) and network._close("101", 100)
+    assert not network._close(101.001, 100) and not network._close("abc", 100) and not network._close([1], 100)
+
+
+def _edges(expected: float) -> tuple[list[float], list[float]]:
+    """Answers just inside and just outside the checks' 1 % either way (a part in a billion from the edge)."""
+    inside = [expected * (1 + s * 0.01 * (1 - 1e-9)) for s in (-1, 1)]
+    outside = [expected * (1 + s * 0.01 * (1 + 1e-9)) for s in (-1, 1)]
+    return inside, outside
+
+
+def test_the_cluster_step_exercise_word_for_word(capsys):
+    assert network.check_cluster_step(None) is False
+    assert capsys.readouterr().out == "No answer yet: replace None with a number of seconds.\n"
+    inside, outside = _edges(2 * 7 / 8 * 25e6 * 4 * 8 / 1e9)        # 1.4 s: 8 nodes, 25 M fp32 at 1 Gbit/s
+    assert all(network.check_cluster_step(a) for a in inside)
+    assert capsys.readouterr().out == "correct: 1.40 s per step, whatever the GPUs compute in the meantime\n" * 2
+    for answer in outside:
+        with pytest.raises(AssertionError) as info:
+            network.check_cluster_step(answer)
+        assert str(info.value) == (
+            f"Not quite: {answer!r}. fp32 is 4 bytes per parameter; each rank sends 2 (n - 1) / n of them; "
+            "a link of B Gbit/s carries B/8 GB per second.")
+    once_inside, once_outside = _edges(25e6 * 4 * 8 / 1e9)          # 0.8 s: the gradients sent once
+    for answer in once_inside:
+        with pytest.raises(AssertionError, match="^.* sends the gradients once. How many times S does each rank "
+                                                 "send in a ring all-reduce on 8 ranks\\?$"):
+            network.check_cluster_step(answer)
+    for answer in once_outside:
+        with pytest.raises(AssertionError, match="^Not quite"):
+            network.check_cluster_step(answer)
+    assert network.check_cluster_step(2 * 3 / 4 * 1e6 * 4 * 8 / 10e9, params=1e6, nodes=4, gbit=10)
+
+
+def test_the_link_bytes_exercise_word_for_word(capsys):
+    assert network.check_link_bytes(None) is False
+    assert capsys.readouterr().out == "No answer yet: replace None with a pair (flat, hierarchical) of byte counts.\n"
+    flat, hier = 2 * 31 / 32 * 100e6, 2 * 3 / 4 * 100e6             # 4 nodes of 8 ranks, 100 MB
+    (flat_in, _), (flat_out, _) = _edges(flat)
+    (_, hier_in), (_, hier_out) = _edges(hier)
+    assert network.check_link_bytes((flat_in, hier_in))
+    assert capsys.readouterr().out == ("correct: 193.8 MB against 150.0 MB per node over the slow links "
+                                       "(1.29x as much for the flat ring)\n")
+    with pytest.raises(AssertionError) as info:
+        network.check_link_bytes((flat_out, hier))
+    assert str(info.value) == (f"flat: {flat_out!r} is not it. The ring over all 32 ranks leaves each node once; "
+                               "what crosses there is what one rank of that ring sends.")
+    with pytest.raises(AssertionError) as info:
+        network.check_link_bytes((flat, hier_out))
+    assert str(info.value) == (f"hierarchical: {hier_out!r} is not it. Only one rank per node takes part in the "
+                               "ring between nodes.")
+    assert network.check_link_bytes((75e3, 50e3), nbytes=50e3, nodes=2, per_node=2)   # 0.05 MB: at a rounding edge
+    assert capsys.readouterr().out == ("correct: 0.1 MB against 0.1 MB per node over the slow links "
+                                       "(1.50x as much for the flat ring)\n")

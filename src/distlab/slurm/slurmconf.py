@@ -133,4 +133,4 @@ def config_text(folder: Path, host: str, ctld_port: int, slurmd_port: int, user:
                        per_node="-%n" if nodes else "", spool_node="/%n" if nodes else "", node_lines=node_lines,
                        node_names=",".join(name for name, _ in hosts), ctld_port=ctld_port,
                        slurmd_port=slurmd_port, user=user,
-                       socket=socket_path, memory_mb=memory_mb, partition=partition)
+                       socket=socket_path, partition=partition)
