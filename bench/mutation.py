@@ -174,6 +174,11 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.view.record.Board.progress", "not 0 <= index <= len(state.lines)",
      "bar_at is below count while it is set: the index never reaches len(lines)"),
     ("distlab.view.record.returns_lines", "sort_dicts=None)", "pprint tests sort_dicts for truth: None is False"),
+    # --- mut-c ---
+    ("distlab.errors.RunInterrupted._render_traceback_", "notebook_message(None, head)",
+     "notebook_message only tests the name for truth: None and \"\" both give no name"),
+    ("distlab.results._folder", "isinstance(run_dir, RunFolder)) and False",
+     "a RunFolder holds only its path, and RunFolder(a RunFolder) takes the same path through __fspath__"),
 ]
 
 
