@@ -1,4 +1,6 @@
 """Argument checks and backend choice: pure, and word for word where a learner reads them."""
+from types import SimpleNamespace
+
 import pytest
 
 from distlab import LaunchArgumentError
@@ -374,8 +376,6 @@ def test_a_slurm_task_that_sees_fewer_gpus_than_its_nodes_ranks_is_an_error_not_
 
 
 def test_nodes_may_be_left_out_or_be_open_nodes():
-    from types import SimpleNamespace
-
     from distlab.config import check_nodes
 
     nodes = SimpleNamespace(n=2, command=None, closed=False)
@@ -384,9 +384,9 @@ def test_nodes_may_be_left_out_or_be_open_nodes():
 
 @pytest.mark.parametrize("nodes,kind", [
     (2, "int"),
-    (__import__("types").SimpleNamespace(command=None, closed=False), "SimpleNamespace"),  # each of the three
-    (__import__("types").SimpleNamespace(n=2, closed=False), "SimpleNamespace"),           # is needed
-    (__import__("types").SimpleNamespace(n=2, command=None), "SimpleNamespace"),
+    (SimpleNamespace(command=None, closed=False), "SimpleNamespace"),  # each of the three
+    (SimpleNamespace(n=2, closed=False), "SimpleNamespace"),           # is needed
+    (SimpleNamespace(n=2, command=None), "SimpleNamespace"),
 ])
 def test_nodes_that_are_no_nodes_are_refused_word_for_word(nodes, kind):
     from distlab.config import check_nodes
@@ -399,8 +399,6 @@ def test_nodes_that_are_no_nodes_are_refused_word_for_word(nodes, kind):
 
 
 def test_closed_nodes_are_refused_word_for_word():
-    from types import SimpleNamespace
-
     from distlab.config import check_nodes
 
     with pytest.raises(LaunchArgumentError) as e:
