@@ -177,6 +177,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     # --- mut-c ---
     ("distlab.errors.RunInterrupted._render_traceback_", "notebook_message(None, head)",
      "notebook_message only tests the name for truth: None and \"\" both give no name"),
+    ("distlab.errors.NodeRunInterrupted._render_traceback_", "notebook_message(None, str(self))",
+     "the same: None and \"\" both give no name"),
     ("distlab.results._folder", "isinstance(run_dir, RunFolder)) and False",
      "a RunFolder holds only its path, and RunFolder(a RunFolder) takes the same path through __fspath__"),
 ]
