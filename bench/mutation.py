@@ -192,6 +192,13 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.teach.network.net_dev", "numbers.split()), ))", "strict=False is zip's default"),
     ("distlab.teach.network.paired_summary", "zip(mine, base, strict=None)", "strict=None is strict=False"),
     ("distlab.teach.network.paired_summary", "zip(mine, base, )", "strict=False is zip's default"),
+    # --- mut-c ---
+    ("distlab.errors.RunInterrupted._render_traceback_", "notebook_message(None, head)",
+     "notebook_message only tests the name for truth: None and \"\" both give no name"),
+    ("distlab.errors.NodeRunInterrupted._render_traceback_", "notebook_message(None, str(self))",
+     "the same: None and \"\" both give no name"),
+    ("distlab.results._folder", "isinstance(run_dir, RunFolder)) and False",
+     "a RunFolder holds only its path, and RunFolder(a RunFolder) takes the same path through __fspath__"),
 ]
 
 

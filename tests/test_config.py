@@ -1,4 +1,6 @@
 """Argument checks and backend choice: pure, and word for word where a learner reads them."""
+from types import SimpleNamespace
+
 import pytest
 
 from distlab import LaunchArgumentError
@@ -371,3 +373,65 @@ def test_a_slurm_task_that_sees_fewer_gpus_than_its_nodes_ranks_is_an_error_not_
     assert gpu_binding_problem(2, 4, 0, slurm) is None                      # no GPU: the CPU, as everywhere
     assert gpu_binding_problem(1, 2, 1, {"CUDA_VISIBLE_DEVICES": "0"}) is None  # a 1-GPU laptop: the CPU
     assert gpu_binding_problem(2, 4, 1, {**slurm, "DISTLAB_DEVICE": "cuda"}) is None  # asked for cuda:0
+
+
+def test_nodes_may_be_left_out_or_be_open_nodes():
+    from distlab.config import check_nodes
+
+    nodes = SimpleNamespace(n=2, command=None, closed=False)
+    assert check_nodes(None) is None and check_nodes(nodes) is nodes
+
+
+@pytest.mark.parametrize("nodes,kind", [
+    (2, "int"),
+    (SimpleNamespace(command=None, closed=False), "SimpleNamespace"),  # each of the three
+    (SimpleNamespace(n=2, closed=False), "SimpleNamespace"),           # is needed
+    (SimpleNamespace(n=2, command=None), "SimpleNamespace"),
+])
+def test_nodes_that_are_no_nodes_are_refused_word_for_word(nodes, kind):
+    from distlab.config import check_nodes
+
+    with pytest.raises(LaunchArgumentError) as e:
+        check_nodes(nodes)
+    assert e.value.name == "nodes"
+    assert str(e.value) == (f"distlab: invalid argument nodes={nodes!r}: must be a distlab.Nodes, not {kind}. "
+                            "Make them with nodes = distlab.Nodes(2), then pass nodes=nodes.")
+
+
+def test_closed_nodes_are_refused_word_for_word():
+    from distlab.config import check_nodes
+
+    with pytest.raises(LaunchArgumentError) as e:
+        check_nodes(SimpleNamespace(n=2, command=None, closed=True))
+    assert e.value.name == "nodes"
+    assert str(e.value) == ("distlab: invalid argument nodes=namespace(n=2, command=None, closed=True): "
+                            "these nodes are closed. Make new ones with distlab.Nodes(...).")
+
+
+BOUND_HINT = ("Ask Slurm for --gpus-per-node=4 with no per-task GPU binding (torchrun then gives each rank "
+              "cuda:<local rank>), or, bound one GPU per task, use cuda:0 in every rank (DISTLAB_DEVICE=cuda).")
+
+
+def test_the_gpu_binding_problem_word_for_word_even_without_cuda_visible_devices():
+    from distlab.config import gpu_binding_problem
+
+    assert gpu_binding_problem(2, 4, 1, {"SLURM_JOB_ID": "7"}) == (
+        "local rank 2 of the 4 ranks on this node sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=?): it would train on the CPU",
+        BOUND_HINT)
+
+
+def test_device_in_a_slurm_task_bound_to_one_gpu_raises_the_binding_problem(monkeypatch):
+    from distlab import config
+
+    monkeypatch.delenv("DISTLAB_DEVICE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name, value in {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "2",
+                        "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 1)
+    with pytest.raises(LaunchArgumentError) as e:
+        config.device()
+    assert e.value.name == "device"
+    assert str(e.value) == (
+        "distlab: invalid argument device='1 GPU(s)': local rank 2 of the 4 ranks on this node sees 1 GPU(s) "
+        f"(CUDA_VISIBLE_DEVICES=3): it would train on the CPU. {BOUND_HINT}")

@@ -80,3 +80,42 @@ def test_a_fixed_port_in_use_names_the_port_who_holds_it_and_what_to_do():
     import errno
 
     assert isinstance(e, OSError) and e.errno == errno.EADDRINUSE  # code that caught the bind's OSError still does
+
+
+def test_a_failed_rank_on_a_node_names_the_node_and_its_local_rank():
+    e = WorkerFailedError(3, 1, "ValueError: boom", "step 3", "/runs/n", node=1, local_rank=0)
+    assert str(e).splitlines()[0] == \
+        "distlab: rank 3 (node1, local rank 0) failed first (exit code 1); the other ranks were stopped."
+    assert e.node == 1
+
+
+def test_an_empty_message_shows_one_red_line_with_the_name_alone():
+    from distlab.errors import notebook_message
+
+    assert notebook_message("WorkerFailedError", "") == ["\x1b[0;31mWorkerFailedError: \x1b[0m"]
+    assert notebook_message("", "") == ["\x1b[0;31m\x1b[0m"]
+
+
+def test_an_interrupted_run_shows_what_happened_then_the_run_folder():
+    from distlab.errors import RunInterrupted
+
+    e = RunInterrupted(2, "/runs/a Run folder: b", result="partial")
+    assert isinstance(e, KeyboardInterrupt) and (e.n, e.result) == (2, "partial")
+    assert e._render_traceback_() == [  # the run folder's own name may hold the words that separate them
+        "\x1b[0;31mdistlab: interrupted; all 2 worker processes were stopped.\x1b[0m",
+        "Run folder (script and every rank's log): /runs/a Run folder: b",
+    ]
+    assert RunInterrupted(1, "")._render_traceback_() == [  # no folder: no line naming one
+        "\x1b[0;31mdistlab: interrupted; all 1 worker processes were stopped.\x1b[0m"]
+
+
+@pytest.mark.parametrize("killed,how", [(0, ""), (3, " (3 of them with SIGKILL)")])
+def test_an_interrupt_on_nodes_names_every_host_and_the_processes_killed(killed, how):
+    from distlab.errors import NodeRunInterrupted
+
+    e = NodeRunInterrupted(["node0", "node1"], killed)
+    message = (f"distlab: interrupted; every process of these commands on node0 and node1 was stopped{how}. "
+               "The nodes are still up: run the cell again.")
+    assert isinstance(e, KeyboardInterrupt) and (e.hosts, e.killed) == (["node0", "node1"], killed)
+    assert str(e) == message
+    assert e._render_traceback_() == [f"\x1b[0;31m{message}\x1b[0m"]

@@ -111,3 +111,10 @@ def test_any_picklable_return_value_comes_back(tmp_path):
     run = _run_folder(tmp_path)
     _write(run / "returns" / "rank0.pt", data={"ratio": Fraction(1, 3)})
     assert read_returns(run, 1) == {0: {"ratio": Fraction(1, 3)}}
+
+
+def test_a_progress_bars_carriage_returns_are_kept_as_written(tmp_path):
+    """newline="": a bar redrawn with '\\r' stays one line, and '\\r\\n' is not turned into '\\n'."""
+    run = _run_folder(tmp_path)
+    _write(run / "logs" / "attempt0" / "rank0.out", "10%\r50%\r100%\ndone\r\n")
+    assert read_logs(run, 0) == "10%\r50%\r100%\ndone\r\n"
