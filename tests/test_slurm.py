@@ -496,20 +496,28 @@ def test_daemons_get_no_token_of_the_notebook_and_no_open_tmpdir(other_user, mon
         shutil.rmtree(open_tmp, ignore_errors=True)
 
 
-def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared_tmp):
-    """A cluster (or a user's shell) may hand tasks TMPDIR=/tmp: the rank's tempfile (torch's
-    pytorch-errorfile-*.pickle, read back by its launcher) must still go to a private folder."""
+def one_task(tmp_path, code: str):
+    """(run folder, target, env) for ``python -m distlab.slurm.rank target`` as one task of a one-node job, without
+    a cluster: what sbatch's script and srun would have set up."""
     from distlab.folders.runfolder import RunFolder
 
     root = tmp_path / "runs"
     root.mkdir(mode=0o700)
-    folder = RunFolder.create("slurm-tmp", root)
+    folder = RunFolder.create("slurm-task", root)
     (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
                                                       "single_node": True, "sys_path": [], "plain_python": False}))
     target = tmp_path / "target.py"
-    target.write_text("import tempfile; print('TMP', tempfile.gettempdir())\n")
-    env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "TMPDIR": str(shared_tmp), "SLURM_PROCID": "0",
-           "SLURM_NTASKS": "1", "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
+    target.write_text(code)
+    env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+           "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
+    return folder, target, env
+
+
+def test_a_rank_gets_a_private_temp_folder_whatever_tmpdir_says(tmp_path, shared_tmp):
+    """A cluster (or a user's shell) may hand tasks TMPDIR=/tmp: the rank's tempfile (torch's
+    pytorch-errorfile-*.pickle, read back by its launcher) must still go to a private folder."""
+    folder, target, env = one_task(tmp_path, "import tempfile; print('TMP', tempfile.gettempdir())\n")
+    env["TMPDIR"] = str(shared_tmp)
     done = subprocess.run([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     log = (folder.path / "logs" / "attempt0" / "rank0.out").read_text()
@@ -533,17 +541,7 @@ def test_a_warning_at_any_moment_of_a_slurm_rank_is_handled_or_held_never_fatal(
     In CI a rank that had finished its steps got it while exiting, after Python had reset its handler to the
     default: it died (exit 138) and failed the job. Here SIGUSR1 goes to the step's processes
     (``distlab.slurm.rank`` and its rank) without pause, from the moment the rank starts until both have exited."""
-    from distlab.folders.runfolder import RunFolder
-
-    root = tmp_path / "runs"
-    root.mkdir(mode=0o700)
-    folder = RunFolder.create("slurm-warned", root)
-    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
-                                                      "single_node": True, "sys_path": [], "plain_python": False}))
-    target = tmp_path / "target.py"
-    target.write_text(WARNED_AT_EVERY_MOMENT)
-    env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
-           "PYTHONPATH": str(Path(slurm.__file__).parents[2])}
+    folder, target, env = one_task(tmp_path, WARNED_AT_EVERY_MOMENT)
     step = subprocess.Popen([sys.executable, "-m", "distlab.slurm.rank", str(target)], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
