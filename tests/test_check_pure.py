@@ -289,14 +289,11 @@ def test_set_epoch_missing_after_an_evaluation_epoch():
 
 
 def test_set_epoch_is_per_loader_and_each_line_is_a_finding():
-    def alternating(line_1, file_1=""):
-        events = [loader(0, distributed=True), loader(1, distributed=True, line=30)]
-        for ep, (n, number) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
-            line = 14 if n == 0 else line_1
-            events += [dict(e, file=file_1 if n else "") for e in epoch(
-                ep, range(128), distributed=True, line=line, loader_n=n, shuffle=True, epoch=number, padded=0)]
-        return events
-    assert detect.set_epoch_missing({0: alternating(34)}) == []  # each loader's epoch goes 0, 1
+    alternating = [loader(0, distributed=True), loader(1, distributed=True, line=30)]
+    for ep, (n, number) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+        alternating += epoch(ep, range(128), distributed=True, line=14 + 20 * n, loader_n=n, shuffle=True,
+                             epoch=number, padded=0)
+    assert detect.set_epoch_missing({0: alternating}) == []  # each loader's epoch goes 0, 1
     stuck = [loader(0, distributed=True), loader(1, distributed=True, line=30)]
     for ep, n in enumerate([0, 1, 0, 1]):
         stuck += [dict(e, file="helpers.py" if n else "") for e in epoch(
@@ -398,9 +395,8 @@ def test_differ_is_relative_to_the_scale_with_a_floor_for_zero():
 
 
 def test_gradients_not_synchronized_message_word_for_word():
-    ranks = {0: trained([0.5]), 1: [dict(e, file="helpers.py") if e["k"] == "step" else e for e in trained([0.7])],
-             2: trained([0.5])}
-    ranks[0] = [dict(e, file="helpers.py") if e["k"] == "step" else e for e in ranks[0]]
+    in_helpers = [dict(e, file="helpers.py") if e["k"] == "step" else e for e in trained([0.5])]
+    ranks = {0: in_helpers, 1: trained([0.7]), 2: trained([0.5])}  # rank 0's step line names the finding
     (f,) = detect.gradients_not_synchronized(ranks)
     assert (f.kind, f.file, f.line, f.ranks) == ("gradients-not-synchronized", "helpers.py", 22, (0, 1, 2))
     assert f.message == (
