@@ -199,6 +199,22 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "the same: None and \"\" both give no name"),
     ("distlab.results._folder", "isinstance(run_dir, RunFolder)) and False",
      "a RunFolder holds only its path, and RunFolder(a RunFolder) takes the same path through __fspath__"),
+    # --- mut-e ---
+    ("distlab.check.detect._differ", "strict=None", "strict=None is strict=False"),
+    ("distlab.check.detect._differ", 'a["scale"], ))', "strict=False is zip's default"),
+    ("distlab.check.detect.every_rank_saves", 'path.rsplit("/", )[-1]',
+     "[-1] of rsplit is the last piece, split once or all"),
+    ("distlab.check.detect.every_rank_saves", 'path.rsplit("/", 2)[-1]',
+     "the same: the last piece, split once or twice"),
+    ("distlab.check.detect.gradients_not_synchronized", "s != 0",
+     "an opt with no step 0 is skipped (None in before), one with only step 0 has no after: the same opts report"),
+    ("distlab.check.detect.gradients_not_synchronized", 'before[1]["shapes"]',
+     "all shapes equal to rank 0's is all equal to rank 1's (2+ ranks here)"),
+    ("distlab.check.detect.gradients_not_synchronized", "range(1 + max(",
+     "step 0 is the before the loop already found equal: it never reports"),
+    ("distlab.check.detect.gradients_not_synchronized", "2 + max(",
+     "no rank recorded the step after the last: None in after, skipped"),
+    ("distlab.check.detect.script_error", "n <= after", "the event at index after is the collective, never an error"),
 ]
 
 
