@@ -1,0 +1,224 @@
+"""What distlab.folders.private refuses, message by message and path by path (issue #60). No process.
+
+Owners other than you are played with a made-up ``os.geteuid`` or a made-up ``os.stat`` result for
+one path, so these tests say the same as root and as an ordinary user.
+"""
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from distlab.errors import RUN_FOLDER, RunFolderError
+from distlab.folders import private, userns
+from distlab.folders.userns import UidView
+
+HOST = UidView()
+NODES = UidView(((0, 1001, 1),), overflow=65534)
+OTHER = 4242  # a uid with no user name (on any machine these tests run on)
+ANCESTOR_HINT = "Set DISTLAB_RUNS to a folder inside your home directory."
+
+
+def user(uid: int) -> str:
+    """How a message names ``uid`` (written out here, not asked of the module under test)."""
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def refused(call, *args) -> str:
+    with pytest.raises(RunFolderError) as e:
+        call(*args)
+    return str(e.value)
+
+
+def message(path, problem: str, hint: str) -> str:
+    return RUN_FOLDER.format(path=path, problem=problem, hint=hint)
+
+
+@pytest.fixture
+def someone_else(monkeypatch):
+    """Everything on disk now belongs to another user: you are uid OTHER."""
+    real = os.geteuid()
+    monkeypatch.setattr(private.os, "geteuid", lambda: OTHER)
+    return real
+
+
+def fake_owner(monkeypatch, path: Path, uid: int, mode: int | None = None) -> None:
+    """``os.stat`` of ``path`` says it belongs to ``uid`` (and has ``mode``), whatever it really is."""
+    real_stat = os.stat
+
+    def stat_(p, *args, **kwargs):
+        st = real_stat(p, *args, **kwargs)
+        if os.fspath(p) != os.fspath(path):
+            return st
+        fields = list(st)
+        fields[stat.ST_UID] = uid
+        if mode is not None:
+            fields[stat.ST_MODE] = stat.S_IFMT(st.st_mode) | mode
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(private.os, "stat", stat_)
+
+
+def test_a_private_dir_is_refused_with_its_path_and_the_whole_reason(tmp_path, monkeypatch):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    assert refused(private.check_private_dir, link) == message(
+        link, f"it is a symbolic link (to {tmp_path})",
+        "Another user may have planted it: remove it, or set DISTLAB_RUNS to a folder of yours.")
+    file = tmp_path / "file"
+    file.write_text("x")
+    assert refused(private.check_private_dir, file) == message(
+        file, "it is not a directory", "Remove it, or set DISTLAB_RUNS to a folder of yours.")
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o700)
+    for bits in (0o710, 0o701, 0o720, 0o702, 0o740, 0o704):
+        loose.chmod(bits)
+        assert refused(private.check_private_dir, loose) == message(
+            loose, f"other users can access it (mode {bits:04o})",
+            f"If it is yours and holds nothing of anyone else's, run `chmod 700 {loose}`; "
+            "or set DISTLAB_RUNS to a private folder.")
+    loose.chmod(0o700)
+    private.check_private_dir(loose)
+
+
+def test_a_private_dir_of_another_user_names_both(tmp_path, someone_else):
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    assert refused(private.check_private_dir, folder) == message(
+        folder, f"it belongs to {user(someone_else)}, not to you ({user(OTHER)})",
+        "Someone else created it first: set DISTLAB_RUNS to a folder of yours "
+        "(for example ~/.cache/distlab-runs), or ask its owner to remove it.")
+
+
+def test_a_folder_you_may_not_look_at_is_refused_with_its_path(tmp_path, monkeypatch):
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(private.os, "lstat", denied)
+    for check in (private.check_private_dir, private.check_private_file):
+        assert refused(check, tmp_path / "x") == message(
+            tmp_path / "x", "you may not even look at it (Permission denied)",
+            "It belongs to someone else: set DISTLAB_RUNS to a folder of yours.")
+
+
+def test_a_file_to_unpickle_is_refused_with_its_owner_and_mode(tmp_path, monkeypatch):
+    file = tmp_path / "rank0.pt"
+    file.write_bytes(b"x")
+    hint = "distlab will not unpickle it: someone else may have written it."
+    for bits in (0o600, 0o644, 0o755, 0o711, 0o400, 0o604, 0o640):  # only writing by others is refused
+        file.chmod(bits)
+        private.check_private_file(file)
+    me = user(os.geteuid())
+    for bits in (0o620, 0o602, 0o622, 0o660, 0o606):
+        file.chmod(bits)
+        assert refused(private.check_private_file, file) == message(
+            file, f"it is not a regular file of yours that only you can write (owner {me}, mode {bits:04o})", hint)
+    file.chmod(0o600)
+    folder = tmp_path / "folder"
+    folder.mkdir(mode=0o700)
+    assert refused(private.check_private_file, folder) == message(
+        folder, f"it is not a regular file of yours that only you can write (owner {me}, mode 0700)", hint)
+    monkeypatch.setattr(private.os, "geteuid", lambda: OTHER)
+    assert refused(private.check_private_file, file) == message(
+        file, f"it is not a regular file of yours that only you can write (owner {me}, mode 0600)", hint)
+
+
+def test_what_an_ancestor_may_be_word_for_word():
+    others = "others can write to it and it has no sticky bit (mode {mode:04o})"
+    assert private.ancestor_problem(1002, 0o755, 1001, HOST, False) == "it belongs to {user}, who could replace what distlab puts there"
+    assert private.ancestor_problem(1002, 0o755, 1001, HOST, True) == "it belongs to {user}, who could replace what distlab puts there"
+    for uid in (0, 1001):  # root's and yours
+        for mode in (0o755, 0o700, 0o1777, 0o1757, 0o1775, 0o711, 0o751, 0o715):
+            assert private.ancestor_problem(uid, mode, 1001, HOST, False) is None
+        for mode in (0o775, 0o757, 0o777, 0o2777):
+            assert private.ancestor_problem(uid, mode, 1001, HOST, False) == others
+    assert private.ancestor_problem(1, 0o755, 1001, HOST, False) is not None  # uid 1 is not root
+    assert private.ancestor_problem(1001, 0o755, 1002, HOST, False) is not None
+    assert private.ancestor_problem(65534, 0o755, 0, NODES, False) is private.HIDDEN_OWNER
+    assert private.ancestor_problem(65534, 0o755, 0, NODES, True) is None
+    assert private.ancestor_problem(65534, 0o777, 0, NODES, True) == others
+
+
+def test_an_ancestor_others_can_write_is_refused_by_its_path_even_above_missing_folders(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    expected = message(open_dir, "others can write to it and it has no sticky bit (mode 0777)", ANCESTOR_HINT)
+    assert refused(private.check_ancestors, open_dir) == expected
+    assert refused(private.check_ancestors, open_dir / "missing" / "deeper") == expected  # the walk goes on
+    open_dir.chmod(0o1777)
+    private.check_ancestors(open_dir / "missing")
+
+
+def test_an_ancestor_of_another_user_is_refused_by_its_name(tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    (theirs / "mine").mkdir(parents=True, mode=0o700)
+    fake_owner(monkeypatch, theirs, OTHER)
+    assert refused(private.check_ancestors, theirs / "mine") == message(
+        theirs, f"it belongs to uid {OTHER}, who could replace what distlab puts there", ANCESTOR_HINT)
+
+
+def test_inside_the_nodes_an_ancestor_that_shows_as_nobody_needs_the_mark(tmp_path, monkeypatch):
+    host = tmp_path / "host"
+    (host / "runs").mkdir(parents=True, mode=0o700)
+    host.chmod(0o755)
+    fake_owner(monkeypatch, host, 65534)
+    monkeypatch.setattr(userns, "current", lambda: NODES)
+    expected = message(host, private.HIDDEN_OWNER.format(uid=65534), private.HIDDEN_OWNER_HINT)
+    assert refused(private.check_ancestors, host / "runs") == expected  # not vouched unless told
+    assert refused(private.check_ancestors, host / "runs", False) == expected
+    private.check_ancestors(host / "runs", True)
+    assert "(nobody): inside this user namespace" in expected and "uid 65534" in expected
+
+
+def test_a_taken_name_in_the_shared_temp_folder_is_someone_elses_only_when_it_is(tmp_path, monkeypatch):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert not private._taken_by_someone_else(mine)
+    assert not private._taken_by_someone_else(tmp_path / "missing")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")  # a dangling link is a name too
+    assert not private._taken_by_someone_else(link)
+    monkeypatch.setattr(private.os, "geteuid", lambda: OTHER)
+    assert private._taken_by_someone_else(mine) and private._taken_by_someone_else(link)
+    assert not private._taken_by_someone_else(tmp_path / "missing")
+
+
+def test_a_root_you_cannot_use_is_not_replaced_by_the_cache_folder(tmp_path, monkeypatch):
+    """Only another user's name in the temp folder sends runs to the cache folder; a loose
+    folder of yours is an error to fix."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr("tempfile.tempdir", str(shared))
+    monkeypatch.delenv(private.ENV, raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = shared / f"distlab-{os.getuid()}"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)
+    with pytest.raises(RunFolderError, match="other users can access it"):
+        private.private_root()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_folders_made_for_distlab_runs_are_checked_once_made(tmp_path, monkeypatch):
+    """``DISTLAB_RUNS`` below folders that do not exist yet: they are made, then checked like any
+    other (a umask that lets the group write leaves the folders between open to it)."""
+    chosen = tmp_path / "a" / "b" / "runs"
+    monkeypatch.setenv(private.ENV, str(chosen))
+    old = os.umask(0o002)
+    try:
+        assert refused(private.private_root) == message(
+            tmp_path / "a", "others can write to it and it has no sticky bit (mode 0775)", ANCESTOR_HINT)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(tmp_path / "a" / "b").st_mode) == 0o700 and not chosen.exists()
+    (tmp_path / "a").chmod(0o755)
+    assert private.private_root() == chosen
+    assert stat.S_IMODE(os.lstat(chosen).st_mode) == 0o700
