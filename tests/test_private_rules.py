@@ -222,3 +222,68 @@ def test_folders_made_for_distlab_runs_are_checked_once_made(tmp_path, monkeypat
     (tmp_path / "a").chmod(0o755)
     assert private.private_root() == chosen
     assert stat.S_IMODE(os.lstat(chosen).st_mode) == 0o700
+
+
+def test_a_link_of_another_user_on_the_way_is_refused_by_its_path(monkeypatch):
+    walks = {"/a/b": ("/real/b", [("/a", 0), ("/real/l", OTHER)]), "/c": ("/real/c", [("/c", os.geteuid())])}
+    monkeypatch.setattr(private, "follow_links", lambda path: walks[path])
+    assert private.resolved_folder(Path("/c")) == Path("/real/c")  # root's links and yours are followed
+    assert refused(private.resolved_folder, Path("/a/b")) == message(
+        "/real/l", f"it is a symbolic link that belongs to {user(OTHER)}, who could point it elsewhere",
+        "Set DISTLAB_RUNS to a path without other users' links (the folder it leads to, if it is yours).")
+
+
+def test_a_walk_gives_up_after_forty_links_as_the_kernel_does():
+    def chain(n):
+        links = {f"/l{i}": f"/l{i + 1}" for i in range(n)}
+
+        def lstat(path):
+            kind = stat.S_IFLNK if path in links else stat.S_IFDIR
+            return os.stat_result((kind | 0o755, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+
+        return lstat, links.__getitem__
+
+    assert private.follow_links("/l0", *chain(40))[0] == "/l40"
+    assert refused(lambda: private.follow_links("/l0", *chain(41))) == message(
+        "/l0", "it goes through too many symbolic links", "Set DISTLAB_RUNS to a plain folder.")
+    assert private.follow_links("/l0", *chain(3), limit=3)[0] == "/l3"
+    with pytest.raises(RunFolderError):
+        private.follow_links("/l0", *chain(4), limit=3)
+
+
+def test_private_files_take_text_or_bytes(tmp_path):
+    private.write_private(tmp_path / "t", "text")
+    private.write_private(tmp_path / "b", b"\x00bytes")
+    assert (tmp_path / "t").read_text() == "text" and (tmp_path / "b").read_bytes() == b"\x00bytes"
+    with private.open_private(tmp_path / "t", "a", encoding="utf-8") as f:
+        f.write("\u00e9")
+    assert (tmp_path / "t").read_bytes() == "text\u00e9".encode()
+
+
+def test_where_the_root_goes_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(private.ENV, "~/runs")
+    assert private.default_root() == tmp_path / "home" / "runs"
+    monkeypatch.delenv(private.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert private.fallback_root() == tmp_path / "cache" / "distlab-runs"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert private.fallback_root() == tmp_path / "home" / ".cache" / "distlab-runs"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert private.fallback_root() == tmp_path / "home" / ".cache" / "distlab-runs"
+
+
+def test_a_process_is_alive_unless_the_kernel_says_it_is_gone(monkeypatch):
+    assert private.pid_alive(os.getpid())
+    signals = []
+
+    def kill(pid, sig, error=None):
+        signals.append((pid, sig))
+        if error:
+            raise error
+
+    monkeypatch.setattr(private.os, "kill", lambda pid, sig: kill(pid, sig, ProcessLookupError()))
+    assert not private.pid_alive(123)
+    monkeypatch.setattr(private.os, "kill", lambda pid, sig: kill(pid, sig, PermissionError()))
+    assert private.pid_alive(124)
+    assert signals == [(123, 0), (124, 0)]
