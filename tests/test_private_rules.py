@@ -287,3 +287,55 @@ def test_a_process_is_alive_unless_the_kernel_says_it_is_gone(monkeypatch):
     monkeypatch.setattr(private.os, "kill", lambda pid, sig: kill(pid, sig, PermissionError()))
     assert private.pid_alive(124)
     assert signals == [(123, 0), (124, 0)]
+
+
+def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_so_once(tmp_path, monkeypatch):
+    """Played with a made-up owner of that one name, so that it holds as an ordinary user too."""
+    import sys
+    import warnings
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr("tempfile.tempdir", str(shared))
+    monkeypatch.delenv(private.ENV, raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(private, "_WARNED", set())
+    theirs = shared / f"distlab-{os.getuid()}"
+    theirs.mkdir(mode=0o700)
+    real_lstat = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        st = real_lstat(path, *args, **kwargs)
+        if os.fspath(path) != os.fspath(theirs):
+            return st
+        fields = list(st)
+        fields[stat.ST_UID] = OTHER
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(private.os, "lstat", lstat)
+    fallback = tmp_path / "cache" / "distlab-runs"
+
+    def a_caller():  # as RunFolder.create is: the warning points at whoever called it
+        return private.private_root()
+
+    with pytest.warns(RuntimeWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        assert a_caller() == fallback
+    assert len(caught) == 1 and caught[0].filename == __file__ and caught[0].lineno == line
+    assert str(caught[0].message) == message(
+        theirs, f"it belongs to {user(OTHER)}, not to you ({user(os.geteuid())})",
+        "Someone else created it first: set DISTLAB_RUNS to a folder of yours "
+        f"(for example ~/.cache/distlab-runs), or ask its owner to remove it. Using {fallback} instead.")
+    assert stat.S_IMODE(real_lstat(fallback).st_mode) == 0o700 and list(theirs.iterdir()) == []
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert a_caller() == fallback
+    assert again == []
+    monkeypatch.setenv(private.ENV, str(theirs))  # asked for by name: no way around it
+    with pytest.raises(RunFolderError, match="it belongs to"):
+        private.private_root()
+    monkeypatch.delenv(private.ENV)
+    with pytest.raises(RunFolderError, match="it belongs to"):
+        private.private_root(theirs)
