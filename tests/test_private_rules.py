@@ -225,8 +225,9 @@ def test_folders_made_for_distlab_runs_are_checked_once_made(tmp_path, monkeypat
 
 
 def test_a_link_of_another_user_on_the_way_is_refused_by_its_path(monkeypatch):
-    walks = {"/a/b": ("/real/b", [("/a", 0), ("/real/l", OTHER)]), "/c": ("/real/c", [("/c", os.geteuid())])}
+    walks = {"/a/b": ("/real/b", [("/a", 0), ("/real/l", OTHER)]), "/c": ("/real/c", [("/c", 0), ("/d", 1234)])}
     monkeypatch.setattr(private, "follow_links", lambda path: walks[path])
+    monkeypatch.setattr(private.os, "geteuid", lambda: 1234)
     assert private.resolved_folder(Path("/c")) == Path("/real/c")  # root's links and yours are followed
     assert refused(private.resolved_folder, Path("/a/b")) == message(
         "/real/l", f"it is a symbolic link that belongs to {user(OTHER)}, who could point it elsewhere",
@@ -255,9 +256,13 @@ def test_private_files_take_text_or_bytes(tmp_path):
     private.write_private(tmp_path / "t", "text")
     private.write_private(tmp_path / "b", b"\x00bytes")
     assert (tmp_path / "t").read_text() == "text" and (tmp_path / "b").read_bytes() == b"\x00bytes"
-    with private.open_private(tmp_path / "t", "a", encoding="utf-8") as f:
+    with private.open_private(tmp_path / "t", "a", encoding="latin-1") as f:
         f.write("\u00e9")
-    assert (tmp_path / "t").read_bytes() == "text\u00e9".encode()
+    assert (tmp_path / "t").read_bytes() == b"text\xe9"
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with pytest.raises(ValueError, match="invalid mode"):  # no file object: the descriptor is closed, the error kept
+        private.open_private(tmp_path / "t", "wq")
+    assert fds is None or len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_where_the_root_goes_by_default(tmp_path, monkeypatch):
@@ -339,3 +344,44 @@ def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_s
     monkeypatch.delenv(private.ENV)
     with pytest.raises(RunFolderError, match="it belongs to"):
         private.private_root(theirs)
+
+
+def test_the_walk_follows_links_after_dots_and_inside_a_links_target():
+    links = {"/a/l1": ("../b/l2", 1001), "/b/l2": ("/c", 0)}
+
+    def lstat(path):
+        if path in links:
+            return os.stat_result((stat.S_IFLNK | 0o777, 0, 0, 1, links[path][1], 0, 0, 0, 0, 0))
+        if path in ("/a", "/b", "/c", "/b/c"):
+            return os.stat_result((stat.S_IFDIR | 0o755, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+        raise FileNotFoundError(path)
+
+    def readlink(path):
+        return links[path][0]
+
+    both = [("/a/l1", 1001), ("/b/l2", 0)]
+    assert private.follow_links("/a/l1", lstat, readlink) == ("/c", both)
+    assert private.follow_links("/a/./l1", lstat, readlink) == ("/c", both)
+    assert private.follow_links("/b/c/../../a/l1", lstat, readlink) == ("/c", both)
+    assert private.follow_links("/a/new/x/y", lstat, readlink) == ("/a/new/x/y", [])
+
+
+def test_an_ancestor_of_yours_is_fine_whoever_you_are(tmp_path, monkeypatch):
+    mine = tmp_path / "mine"
+    (mine / "runs").mkdir(parents=True, mode=0o700)
+    monkeypatch.setattr(private.os, "geteuid", lambda: OTHER)
+    fake_owner(monkeypatch, mine, OTHER)
+    private.check_ancestors(mine / "runs")
+
+
+def test_stale_folders_are_judged_by_the_given_liveness_and_never_through_a_link(tmp_path, monkeypatch):
+    real_scandir = os.scandir
+    monkeypatch.setattr(private.os, "scandir", lambda root: sorted(real_scandir(root), key=lambda e: e.name))
+    (tmp_path / "a-note").mkdir()  # not a process folder, listed first
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "proc-h-1-link").symlink_to(target)  # a link with such a name is not a folder of distlab's
+    mine = tmp_path / f"proc-h-{os.getpid()}-x"
+    mine.mkdir()
+    assert private.stale_dirs(tmp_path, alive=lambda pid: pid != os.getpid(), host="h") == [mine]
+    assert private.stale_dirs(tmp_path, alive=lambda pid: True, host="h") == []
