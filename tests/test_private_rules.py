@@ -378,7 +378,7 @@ def test_stale_folders_are_judged_by_the_given_liveness_and_never_through_a_link
     (tmp_path / "a-note").mkdir()  # not a process folder, listed first
     target = tmp_path / "elsewhere"
     target.mkdir()
-    (tmp_path / "proc-h-1-link").symlink_to(target)  # a link with such a name is not a folder of distlab's
+    (tmp_path / f"proc-h-{os.getpid()}-link").symlink_to(target)  # a link with such a name is not a folder of distlab's
     mine = tmp_path / f"proc-h-{os.getpid()}-x"
     mine.mkdir()
     assert private.stale_dirs(tmp_path, alive=lambda pid: pid != os.getpid(), host="h") == [mine]
