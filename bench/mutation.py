@@ -215,6 +215,36 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.check.detect.gradients_not_synchronized", "2 + max(",
      "no rank recorded the step after the last: None in after, skipped"),
     ("distlab.check.detect.script_error", "n <= after", "the event at index after is the collective, never an error"),
+    # --- mut-d ---
+    # mkdir said a folder above the root is missing, so the last folder makedirs makes does not exist:
+    # exist_ok could matter only if someone made it in between (and check_ancestors then judges it)
+    ("distlab.folders.private._checked_root", "PRIVATE_DIR, exist_ok=None)", "exist_ok matters only in a race"),
+    ("distlab.folders.private._checked_root", "PRIVATE_DIR, )", "exist_ok matters only in a race"),
+    ("distlab.folders.private._checked_root", "PRIVATE_DIR, exist_ok=False)", "exist_ok matters only in a race"),
+    # the second check, after makedirs: the root did not exist a moment ago, so it holds no mark and
+    # vouched is False (the same text in the first check is killed by the user-namespace tests)
+    ("distlab.folders.private._checked_root", "check_ancestors(path.parent, None)", "vouched is False there: None is too"),
+    ("distlab.folders.private._checked_root", "check_ancestors(path.parent, )", "vouched is False there: the default"),
+    ("distlab.folders.private.is_vouched", "open(mark, encoding=None)",
+     "the mark holds a path written in the locale's codec, UTF-8 wherever distlab runs its tests"),
+    ("distlab.folders.private.is_vouched", "open(mark, )", "as above: the locale's codec"),
+    ("distlab.folders.private.is_vouched", 'encoding="UTF-8"', "a codec name's case does not matter"),
+    ("distlab.folders.private.open_private", 'getattr(os, "O_NOFOLLOW", None)', "the name exists on Linux"),
+    ("distlab.folders.private.open_private", 'getattr(os, "O_NOFOLLOW", )', "the name exists on Linux"),
+    ("distlab.folders.private.open_private", 'getattr(os, "O_NOFOLLOW", 1)', "the name exists on Linux"),
+    ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", 1)', "the name exists on Linux"),
+    ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", )', "the name exists on Linux"),
+    # without O_CLOEXEC: os.open makes every descriptor non-inheritable anyway (PEP 446)
+    ("distlab.folders.private.open_private", 'getattr(None, "O_CLOEXEC", 0)', "os.open sets close-on-exec itself"),
+    ("distlab.folders.private.open_private", 'getattr(os, "XXO_CLOEXECXX", 0)', "os.open sets close-on-exec itself"),
+    ("distlab.folders.private.open_private", 'getattr(os, "o_cloexec", 0)', "os.open sets close-on-exec itself"),
+    # owner.verdict reads owner.machine() itself when given None: only the number of reads changes
+    ("distlab.folders.private.stale_dirs", "here = None", "verdict asks owner.machine() itself"),
+    ("distlab.folders.private.stale_dirs", "who[1], None)", "verdict asks owner.machine() itself"),
+    ("distlab.folders.private.stale_dirs", "who[1], )", "verdict asks owner.machine() itself"),
+    # the entry is a real folder by then (is_dir(follow_symlinks=False) let it through): following changes nothing
+    ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=None)", "a folder, not a link"),
+    ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=True)", "a folder, not a link"),
 ]
 
 
