@@ -223,7 +223,8 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.folders.private._checked_root", "PRIVATE_DIR, exist_ok=False)", "exist_ok matters only in a race"),
     # the second check, after makedirs: the root did not exist a moment ago, so it holds no mark and
     # vouched is False (the same text in the first check is killed by the user-namespace tests)
-    ("distlab.folders.private._checked_root", "check_ancestors(path.parent, None)", "vouched is False there: None is too"),
+    ("distlab.folders.private._checked_root", "check_ancestors(path.parent, None)",
+     "vouched is False there: None is too"),
     ("distlab.folders.private._checked_root", "check_ancestors(path.parent, )", "vouched is False there: the default"),
     ("distlab.folders.private.is_vouched", "open(mark, encoding=None)",
      "the mark holds a path written in the locale's codec, UTF-8 wherever distlab runs its tests"),

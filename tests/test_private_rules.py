@@ -130,8 +130,9 @@ def test_a_file_to_unpickle_is_refused_with_its_owner_and_mode(tmp_path, monkeyp
 
 def test_what_an_ancestor_may_be_word_for_word():
     others = "others can write to it and it has no sticky bit (mode {mode:04o})"
-    assert private.ancestor_problem(1002, 0o755, 1001, HOST, False) == "it belongs to {user}, who could replace what distlab puts there"
-    assert private.ancestor_problem(1002, 0o755, 1001, HOST, True) == "it belongs to {user}, who could replace what distlab puts there"
+    owned = "it belongs to {user}, who could replace what distlab puts there"
+    assert private.ancestor_problem(1002, 0o755, 1001, HOST, False) == owned
+    assert private.ancestor_problem(1002, 0o755, 1001, HOST, True) == owned
     for uid in (0, 1001):  # root's and yours
         for mode in (0o755, 0o700, 0o1777, 0o1757, 0o1775, 0o711, 0o751, 0o715):
             assert private.ancestor_problem(uid, mode, 1001, HOST, False) is None

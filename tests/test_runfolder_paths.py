@@ -27,7 +27,8 @@ def test_every_path_of_a_run_folder():
     assert RunFolder.node_file(f.agent_json, 1) == Path("/r/agent-node1.json")
     assert RunFolder.node_file(f.agent_log, 0) == Path("/r/agent-node0.log")
     assert RunFolder.node_file(f.agent_json, None) == f.agent_json
-    assert f.logs == Path("/r/logs") and f.attempt("3") == Path("/r/logs/attempt3") and f.attempt(0) == f.logs / "attempt0"
+    assert f.logs == Path("/r/logs") and f.attempt("3") == Path("/r/logs/attempt3")
+    assert f.attempt(0) == f.logs / "attempt0"
     assert RunFolder.rank_log(Path("/a"), 2, "error.json") == Path("/a/rank2.error.json")
     assert f.stack(1) == Path("/r/stacks/rank1.txt") and f.ready(2) == Path("/r/ready/rank2")
     assert f.returned(3) == Path("/r/returns/rank3.pt") and f.metrics(4) == Path("/r/metrics/rank4.jsonl")
