@@ -61,6 +61,9 @@ GLOO_PEER_LOST = Varying(same=((
 #: - srun's and slurmstepd's own messages about a step they signal or cancel (``srun: got SIGCONT``,
 #:   ``*** STEP 9.0 ON node0 CANCELLED ... ***``) appear or not as the signal reaches each process first
 #:   (two of the suite's executions here printed such lines in a requeued job's cell that its recording lacks);
+#: - a job cancelled once it runs (cell 43) shows its batch script's first line (``[batch] distlab: job N attempt 0
+#:   on node0``) only when the monitor read the batch log before the cancel (a CI-style run printed it; the
+#:   recording lacks it);
 #: - sacct's MaxRSS is printed in the unit its size falls in (``12184K`` one run, ``12M`` the next);
 #: - the chapter's work folder ends in mkdtemp's 8 letters, which the shape masks only when one is a digit.
 SLURM_TIMING = Varying(
@@ -70,6 +73,7 @@ SLURM_TIMING = Varying(
     dropped=(re.compile(r"\[slurm\] job # (?:requeued, )?(?:PENDING|RUNNING|COMPLETING|CONFIGURING)"
                         r"(?: on node(?:#|\[##\]))?(?: \(.+\))?"),
              re.compile(r"(?:\[batch\] )?srun: .+"),
+             re.compile(r"\[batch\] distlab: job # attempt # on node(?:#|\[##\])"),
              re.compile(r"(?:\[batch\] )?slurmstepd-node#: error: \*\*\* (?:JOB|STEP) # ON node# CANCELLED AT "
                         r"###T#:#:#(?: DUE TO JOB REQUEUE)? \*\*\*")))
 
@@ -244,6 +248,17 @@ def test_a_chapter_13_recording_that_went_stale_still_shows(now, before):
     assert old != RECORDED_13
     found = difference(FRESH_13, old, SLURM_TIMING)
     assert found is not None and "recorded, not now" in found
+
+
+def test_the_batch_scripts_first_line_is_read_as_timing_has_it_in_chapter_13():
+    """CI's run of chapter 13 printed ``[batch] distlab: job 12 attempt 0 on node0`` in cell 43, which its recording
+    lacks: the job is cancelled once it runs, before or after the monitor reads the batch log."""
+    line = "[batch] distlab: job 12 attempt 0 on node0\n"
+    kept = [{"output_type": "stream", "name": "stdout", "text": "[slurm] job 12 CANCELLED\n"}]
+    fresh = [{"output_type": "stream", "name": "stdout", "text": line + "[slurm] job 12 CANCELLED\n"}]
+    assert difference(fresh, kept, SLURM_TIMING) is None
+    reworded = [{"output_type": "stream", "name": "stdout", "text": line.replace("attempt", "try") + kept[0]["text"]}]
+    assert difference(reworded, kept, SLURM_TIMING) is not None
 
 
 def test_a_rule_leaves_what_it_does_not_name():
