@@ -47,9 +47,10 @@ def someone_else(monkeypatch):
     return real
 
 
-def fake_owner(monkeypatch, path: Path, uid: int, mode: int | None = None) -> None:
-    """``os.stat`` of ``path`` says it belongs to ``uid`` (and has ``mode``), whatever it really is."""
-    real_stat = os.stat
+def fake_owner(monkeypatch, path: Path, uid: int, mode: int | None = None, call: str = "stat") -> None:
+    """``os.stat`` (or ``call``: ``lstat``) of ``path`` says it belongs to ``uid`` (and has ``mode``), whatever it
+    really is."""
+    real_stat = getattr(os, call)
 
     def stat_(p, *args, **kwargs):
         st = real_stat(p, *args, **kwargs)
@@ -61,7 +62,7 @@ def fake_owner(monkeypatch, path: Path, uid: int, mode: int | None = None) -> No
             fields[stat.ST_MODE] = stat.S_IFMT(st.st_mode) | mode
         return os.stat_result(fields)
 
-    monkeypatch.setattr(private.os, "stat", stat_)
+    monkeypatch.setattr(private.os, call, stat_)
 
 
 def test_a_private_dir_is_refused_with_its_path_and_the_whole_reason(tmp_path, monkeypatch):
@@ -309,17 +310,7 @@ def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_s
     monkeypatch.setattr(private, "_WARNED", set())
     theirs = shared / f"distlab-{os.getuid()}"
     theirs.mkdir(mode=0o700)
-    real_lstat = os.lstat
-
-    def lstat(path, *args, **kwargs):
-        st = real_lstat(path, *args, **kwargs)
-        if os.fspath(path) != os.fspath(theirs):
-            return st
-        fields = list(st)
-        fields[stat.ST_UID] = OTHER
-        return os.stat_result(fields)
-
-    monkeypatch.setattr(private.os, "lstat", lstat)
+    fake_owner(monkeypatch, theirs, OTHER, call="lstat")
     fallback = tmp_path / "cache" / "distlab-runs"
 
     def a_caller():  # as RunFolder.create is: the warning points at whoever called it
@@ -332,7 +323,7 @@ def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_s
         theirs, f"it belongs to {user(OTHER)}, not to you ({user(os.geteuid())})",
         "Someone else created it first: set DISTLAB_RUNS to a folder of yours "
         f"(for example ~/.cache/distlab-runs), or ask its owner to remove it. Using {fallback} instead.")
-    assert stat.S_IMODE(real_lstat(fallback).st_mode) == 0o700 and list(theirs.iterdir()) == []
+    assert stat.S_IMODE(os.lstat(fallback).st_mode) == 0o700 and list(theirs.iterdir()) == []
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
         assert a_caller() == fallback
