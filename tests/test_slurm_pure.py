@@ -10,20 +10,22 @@ import pytest
 
 from distlab.slurm import (
     account,
+    clientconf,
     cluster,
     commands,
     daemons,
     door,
     errors,
     job,
+    jobstate,
     jobuser,
     rank,
     slurmconf,
     spec,
     starting,
 )
-from distlab.slurm.commands import JobState
 from distlab.slurm.errors import NO_CONFIG, SlurmNotFoundError
+from distlab.slurm.jobstate import JobState
 
 
 def _spec(**kw):
@@ -186,13 +188,13 @@ def test_option_checks():
 
 
 def test_squeue_and_scontrol_output_read_back():
-    assert commands.parse_squeue("") is None
-    assert commands.parse_squeue("PENDING|Resources|\n") == JobState("PENDING", "Resources", "")
-    assert commands.parse_squeue("RUNNING|None|node[1-2]") == JobState("RUNNING", "None", "node[1-2]")
-    assert commands.parse_squeue("CANCELLED by 0|None|vm").state == "CANCELLED"
+    assert jobstate.parse_squeue("") is None
+    assert jobstate.parse_squeue("PENDING|Resources|\n") == JobState("PENDING", "Resources", "")
+    assert jobstate.parse_squeue("RUNNING|None|node[1-2]") == JobState("RUNNING", "None", "node[1-2]")
+    assert jobstate.parse_squeue("CANCELLED by 0|None|vm").state == "CANCELLED"
     line = ("JobId=7 JobName=hello UserId=root(0) JobState=COMPLETED Reason=None Requeue=1 Restarts=1 "
             "ExitCode=0:0 NodeList=vm StdOut=/runs/x/logs/slurm-7.out")
-    fields = commands.parse_scontrol(line)
+    fields = jobstate.parse_scontrol(line)
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0" and fields["Restarts"] == "1"
     assert fields["StdOut"] == "/runs/x/logs/slurm-7.out"
 
@@ -645,7 +647,7 @@ def fake_scontrol(tmp_path, monkeypatch):
     (bin_dir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    monkeypatch.setattr(commands, "DEFAULT_CONFS", (str(tmp_path / "etc" / "slurm.conf"),), raising=False)
+    monkeypatch.setattr(clientconf, "DEFAULT_CONFS", (str(tmp_path / "etc" / "slurm.conf"),), raising=False)
     return bin_dir / "ran"
 
 
@@ -654,7 +656,7 @@ def test_with_no_slurm_conf_no_slurm_command_runs(fake_scontrol):
     assert cluster.controller_answers() is False
     with pytest.raises(SlurmNotFoundError) as caught:
         commands.ping()
-    assert str(caught.value) == NO_CONFIG.format(conf=None, defaults=commands.DEFAULT_CONFS[0])
+    assert str(caught.value) == NO_CONFIG.format(conf=None, defaults=clientconf.DEFAULT_CONFS[0])
     assert not fake_scontrol.exists(), fake_scontrol.read_text()
 
 

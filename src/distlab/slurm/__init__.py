@@ -17,6 +17,8 @@ Modules, each with the process it runs in:
 
 * ``spec``, ``layout``, ``errors``: what a job is and the sbatch script it becomes; where its files go;
   the errors (pure).
+* ``jobstate``, ``clientconf``: what a job's state means and which error it ends in; which ``slurm.conf`` Slurm's
+  commands read (pure).
 * ``submit``, ``job``, ``tail``, ``commands``: submitting, watching, reading the rank logs, Slurm's commands
   (kernel).
 * ``rank``: ``python -m distlab.slurm.rank``: the ranks of a job; ``bound``: ``python -m distlab.slurm.bound``,
@@ -40,7 +42,6 @@ Modules, each with the process it runs in:
 May import: the face (``distlab``), ``api``, ``nodes`` and everything below them; never ``teach``.
 """
 from .cluster import ExistingCluster, LocalCluster, local_cluster
-from .commands import JobState
 from .errors import (
     ClusterError,
     SlurmArgumentError,
@@ -52,6 +53,7 @@ from .errors import (
     SubmitError,
 )
 from .job import SlurmJob, SlurmResult, attach
+from .jobstate import JobState
 from .submit import submit
 
 __all__ = ["submit", "attach", "local_cluster", "LocalCluster", "ExistingCluster", "SlurmJob", "SlurmResult",

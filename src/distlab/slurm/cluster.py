@@ -40,7 +40,7 @@ from pathlib import Path
 from distlab.folders.private import open_private, private_root, write_private
 
 from . import accounting as acct
-from . import commands, jobenv, login, starting
+from . import clientconf, commands, jobenv, login, starting
 from .account import (  # noqa: F401  (re-exported: who runs the jobs)
     ACCOUNT_RECORD,
     JOB_ACCOUNT,
@@ -227,7 +227,7 @@ class ExistingCluster:
 
     def accounted(self, job_id: int | str, timeout: float = 30.0) -> str:
         """Wait until ``sacct`` has job ``job_id``'s whole final record; its state (:func:`accounted`)."""
-        return accounted(job_id, commands.client_env(), timeout)
+        return accounted(job_id, clientconf.client_env(), timeout)
 
     def workdir(self, prefix: str = "work-") -> Path:
         """A fresh working folder of yours (a real cluster's jobs run as you)."""
@@ -269,11 +269,11 @@ _CURRENT: LocalCluster | None = None
 def controller_answers(timeout: float = 10) -> bool:
     """True when ``scontrol ping`` (with the current SLURM_CONF) reports a controller UP. Where no
     slurm.conf exists, nothing runs: Slurm would ask the site's DNS for one (:mod:`.commands`)."""
-    if shutil.which("scontrol") is None or commands.config_file() is None:
+    if shutil.which("scontrol") is None or clientconf.config_file() is None:
         return False
     try:
         done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout,
-                              env=commands.client_env())
+                              env=clientconf.client_env())
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0 and "UP" in done.stdout

@@ -1,87 +1,20 @@
-"""Slurm's commands, run and read: sbatch, squeue, scontrol, scancel, sinfo (parsers are pure).
+"""Slurm's commands, run: sbatch, squeue, scontrol, scancel, sinfo (what their output means: :mod:`.jobstate`).
 
 Every command finds its controller the way a terminal user's does: ``SLURM_CONF`` (set by
 :func:`distlab.slurm.local_cluster`) or the system's ``/etc/slurm/slurm.conf``, with one difference:
 where neither exists, a Slurm client asks the site's DNS for ``_slurmctld._tcp`` (configless mode)
 and would submit wherever that record points; distlab then runs no Slurm command at all, and each
-command it runs gets the file it found in ``SLURM_CONF`` (:func:`client_env`).
+command it runs gets the file it found in ``SLURM_CONF`` (:func:`.clientconf.client_env`).
 """
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 
-from .errors import NO_CONFIG, NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
-
-#: states after which a job never runs again (PREEMPTED without requeue included)
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-         "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
-SQUEUE_FORMAT = "%T|%r|%N"
-
-
-@dataclass(frozen=True)
-class JobState:
-    """One look at a job: ``state`` (PENDING, RUNNING, COMPLETED, ...), why it waits, where it runs."""
-
-    state: str
-    reason: str = ""
-    nodes: str = ""
-    exit_code: str = ""
-
-    @property
-    def finished(self) -> bool:
-        return self.state in FINAL
-
-    def describe(self) -> str:
-        """``PENDING (Resources)``, ``RUNNING on node[1-2]``, ``COMPLETED (exit code 0:0)``."""
-        if self.state == "PENDING":
-            return f"PENDING ({self.reason})" if self.reason and self.reason != "None" else "PENDING"
-        if self.state in ("RUNNING", "COMPLETING") and self.nodes:
-            return f"{self.state} on {self.nodes}"
-        if self.finished and self.exit_code:
-            return f"{self.state} (exit code {self.exit_code})"
-        return self.state
-
-
-def parse_squeue(text: str) -> JobState | None:
-    """A line of ``squeue -h -o %T|%r|%N`` -> JobState (None for no line)."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    if not line:
-        return None
-    state, reason, nodes = (line.split("|") + ["", ""])[:3]
-    return JobState(state.split()[0], reason, nodes)
-
-
-def parse_scontrol(text: str) -> dict[str, str]:
-    """``scontrol show job -o`` -> {key: value}. Values are the non-blank text after ``key=``."""
-    return dict(re.findall(r"(?:^|\s)([A-Za-z][\w/:]*)=(\S*)", text))
-
-
-#: Slurm's own default (Debian's build) and the copy a configless node keeps: what a client reads without SLURM_CONF
-DEFAULT_CONFS = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
-
-
-def config_file(environ=None) -> str | None:
-    """The slurm.conf a Slurm command would read; None where it would ask DNS (none exists) or retry
-    for a minute (``SLURM_CONF`` names a missing file)."""
-    environ = os.environ if environ is None else environ
-    named = environ.get("SLURM_CONF")
-    if named:
-        return named if os.path.isfile(named) else None
-    return next((path for path in DEFAULT_CONFS if os.path.isfile(path)), None)
-
-
-def client_env(environ=None) -> dict[str, str]:
-    """``environ`` (``os.environ``) with ``SLURM_CONF`` set to the file found: a Slurm command distlab
-    runs never falls back to DNS. Raises :class:`SlurmNotFoundError` (:data:`NO_CONFIG`) where none exists."""
-    environ = os.environ if environ is None else environ
-    conf = config_file(environ)
-    if conf is None:
-        raise SlurmNotFoundError(NO_CONFIG.format(conf=environ.get("SLURM_CONF"), defaults=" and ".join(DEFAULT_CONFS)))
-    return {**environ, "SLURM_CONF": conf}
+from .clientconf import client_env
+from .errors import NO_CONTROLLER, NO_SLURM_HINT, NOT_FOUND, SBATCH_FAILED, SlurmNotFoundError, SubmitError
+from .jobstate import SQUEUE_FORMAT, JobState, controller_state, parse_scontrol, parse_squeue
 
 
 def run(argv: list[str], timeout: float = 30, check: bool = True, umask: int = -1,
@@ -131,11 +64,7 @@ def job_state(job_id: int) -> JobState | None:
 def controller_view(job_id: int) -> JobState | None:
     """``scontrol show job``: the state and Slurm's exit code (``code:signal``), while the controller remembers."""
     done = run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
-    fields = parse_scontrol(done.stdout) if done.returncode == 0 else {}
-    if "JobState" not in fields:
-        return None
-    return JobState(fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""),
-                    fields.get("ExitCode", ""))
+    return controller_state(parse_scontrol(done.stdout) if done.returncode == 0 else {})
 
 
 def controller_fields(job_id: int | str, keys, env: dict) -> dict[str, str] | None:

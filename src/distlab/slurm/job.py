@@ -25,16 +25,14 @@ from distlab.view.display import make_view
 from distlab.view.streams import Line, deliver
 
 from . import commands
-from .commands import JobState
 from .errors import (
-    JOB_ENDED,
-    JOB_FAILED,
     NOT_OURS,
     SlurmInterrupted,
     SlurmJobFailedError,
     SlurmNotFoundError,
     SlurmTimeoutError,
 )
+from .jobstate import JobState, failure_error, first_failed, follow, gone_state, newest_record
 from .layout import META, batch_log, exit_file
 
 #: what asks a Slurm job's ranks for their stacks (distlab.worker.STACK_SIGNALS; not imported: the worker
@@ -178,21 +176,16 @@ class SlurmJob:
             time.sleep(POLL_S)
 
     def _poll_state(self) -> JobState:
-        state = commands.job_state(self.id) or JobState("UNKNOWN")
-        if state == JobState("UNKNOWN") and self._last is not None:
-            state = JobState("GONE")  # the controller forgot it (MinJobAge): it ended
-        started_again = len(self.folder.attempts()) - 1 > self._requeues  # a requeued attempt began
-        if state != self._last or started_again:
-            requeued = started_again or (state.state == "PENDING" and self._last is not None
-                                         and self._last.state in ("RUNNING", "COMPLETING"))
-            self._requeues += requeued
+        seen = follow(commands.job_state(self.id), self._last, len(self.folder.attempts()), self._requeues)
+        state = seen.state
+        if seen.changed:
+            self._requeues += seen.requeued
             self._last = state
             self.history.append((round(time.time() - self.meta["submitted"], 3),
-                                 "REQUEUED" if requeued else state.state))
-            print(f"[slurm] job {self.id} {'requeued, ' if requeued else ''}{state.describe()}", flush=True)
+                                 "REQUEUED" if seen.requeued else state.state))
+            print(f"[slurm] job {self.id} {'requeued, ' if seen.requeued else ''}{state.describe()}", flush=True)
         if state.state == "GONE":  # no Slurm record left: judge by the ranks' exit codes
-            codes = list(self.exit_codes().values())
-            return JobState("COMPLETED" if codes and all(c == 0 for c in codes) else "FAILED")
+            return gone_state(list(self.exit_codes().values()))
         return state
 
     def _show(self, view, final: bool = False) -> None:
@@ -255,28 +248,11 @@ def _nonempty(path: Path) -> bool:
     return path.exists() and path.stat().st_size > 0
 
 
-#: why a job ended without completing, when no rank's own error explains it
-ENDED_BECAUSE = {"TIMEOUT": " (its time limit, --time)", "CANCELLED": " (scancel, by you or an administrator)",
-                 "NODE_FAIL": " (a node failed)", "PREEMPTED": " (preempted by a job of higher priority)",
-                 "OUT_OF_MEMORY": " (a task ran out of memory)"}
-
-
 def failure(result: SlurmResult, batch_log: Path) -> SlurmJobFailedError:
-    """The error for a job that did not complete: the first rank that failed by itself (a positive
-    exit code; ranks that Slurm killed afterwards exit by a signal), else why Slurm ended the job."""
-    failed = {r: c for r, c in result.exit_codes.items() if c is not None and c > 0}
-    if failed:
-        first = min(failed, key=lambda r: _exit_time(result.run_dir, r))
-        last_lines = "\n".join(result.logs.get(first, "").rstrip().splitlines()[-15:])
-        return SlurmJobFailedError(JOB_FAILED.format(
-            job_id=result.job_id, state=result.state, exit_code=result.exit_code or "?", rank=first,
-            rank_exit=failed[first], last_lines=last_lines or "(nothing)", run_dir=result.run_dir),
-            result=result, rank=first)
-    tail = batch_log.read_text(errors="replace").rstrip().splitlines()[-10:] if batch_log.exists() else []
-    return SlurmJobFailedError(JOB_ENDED.format(
-        job_id=result.job_id, state=result.state, exit_code=result.exit_code or "?",
-        reason=ENDED_BECAUSE.get(result.state, ""), batch_tail="\n".join(tail) or "(nothing)",
-        run_dir=result.run_dir), result=result)
+    """The error for a job that did not complete (:func:`.jobstate.failure_error`), from its files."""
+    first = first_failed(result.exit_codes, lambda rank: _exit_time(result.run_dir, rank))
+    tail = batch_log.read_text(errors="replace").rstrip().splitlines() if batch_log.exists() else []
+    return failure_error(result, first, tail)
 
 
 def _exit_time(run_dir: Path, rank: int) -> float:
@@ -306,12 +282,11 @@ def attach(job_id: int, root: Path | None = None) -> SlurmJob:
     found = []
     for path in [*root.glob(f"*/{META}"), *(records(local.folder) if local is not None else ())]:
         meta = json.loads(path.read_text())
-        if meta.get("job_id") == int(job_id):
-            run_dir = Path(meta.get("run_dir") or path.parent)
-            found.append((meta.get("slurm_conf") == os.environ.get("SLURM_CONF"), meta["submitted"], run_dir, meta))
-    if not found:
+        found.append({**meta, "run_dir": meta.get("run_dir") or str(path.parent)})
+    meta = newest_record(found, job_id, os.environ.get("SLURM_CONF"))
+    if meta is None:
         raise SlurmNotFoundError(NOT_OURS.format(job_id=job_id, root=root))
-    *_, run_dir, meta = max(found, key=lambda f: (f[0], f[1]))
+    run_dir = Path(meta["run_dir"])
     check_job_folder(run_dir, meta.get("uid", os.geteuid()))
     return SlurmJob(int(job_id), run_dir, meta)
 

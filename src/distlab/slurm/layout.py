@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from distlab.folders.runfolder import RunFolder
@@ -27,3 +28,10 @@ def rank_run_json(attempt: Path, rank: int) -> Path:
 
 def batch_log(run_dir: Path, job_id: int | str) -> Path:
     return RunFolder(run_dir).logs / f"slurm-{job_id}.out"
+
+
+def folder_prefix(name: str, stamp: str) -> str:
+    """A job folder's name up to its random letters: ``<stamp>-<name>-``, with each character a file
+    name should not hold replaced by ``_`` and at most 40 of the name's (``run`` for an empty name)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40] or "run"
+    return f"{stamp}-{safe}-"

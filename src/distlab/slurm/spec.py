@@ -136,6 +136,35 @@ def check_partition(value, known: list[str]) -> str | None:
 
 # ------------------------------------------------------------------------------------------ rendering
 
+STYLES = ("spawn", "launch")
+
+
+def check_style(value) -> str:
+    if value not in STYLES:
+        raise SlurmArgumentError("style", value, 'must be "spawn" (fn(rank, *args)) or "launch" (fn(*args))')
+    return value
+
+
+def script_args(args) -> tuple[str, ...]:
+    """A script's command line: a string is split on white space (as a shell would, without quotes)."""
+    from distlab import config
+
+    return tuple(str(a) for a in config.check_script_args(args.split() if isinstance(args, str) else args))
+
+
+def requested(*, nodes, ranks_per_node, gpus_per_node, cpus_per_task, time_limit, mode, requeue, signal, extra,
+              python: Path, import_path: Path, workdir: Path) -> JobSpec:
+    """The job :func:`distlab.slurm.submit`'s arguments ask for, each checked: a
+    :class:`SlurmArgumentError` names the first wrong one. Its target, run folder and name come later."""
+    return JobSpec(
+        target=Path("."), run_dir=Path("."), python=python, import_path=import_path,
+        nodes=positive("nodes", nodes), ranks_per_node=positive("ranks_per_node", ranks_per_node),
+        gpus_per_node=positive("gpus_per_node", gpus_per_node, 0),
+        cpus_per_task=None if cpus_per_task is None else positive("cpus_per_task", cpus_per_task),
+        time=check_time(time_limit), mode=check_mode(mode), requeue=bool(requeue),
+        signal=check_signal(signal), extra=check_extra(extra), workdir=workdir)
+
+
 def _directives(spec: JobSpec, log: Path) -> list[tuple[str, str]]:
     """(option, comment) pairs, in the order the script shows them."""
     torchrun = spec.mode == "torchrun"

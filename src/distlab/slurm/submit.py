@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -29,9 +28,9 @@ from distlab.folders.runfolder import SUBFOLDERS, RunFolder
 
 from . import commands, jobuser, spec
 from .cluster import current_cluster
-from .errors import NOT_FOUND, SlurmArgumentError, SlurmNotFoundError
+from .errors import NOT_FOUND, SlurmNotFoundError
 from .job import SlurmJob, save_meta
-from .layout import SBATCH, batch_log
+from .layout import SBATCH, batch_log, folder_prefix
 
 
 def submit(target, args=(), *, nodes: int = 1, ranks_per_node: int = 1, mode: str = "torchrun",
@@ -99,8 +98,7 @@ def job_account():
 
 def _job_folder(name: str, jobs: Path) -> RunFolder:
     """A run folder in the cluster's ``jobs/`` folder (the job user's; handed over once written)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:40] or "run"
-    path = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-", dir=jobs))
+    path = Path(tempfile.mkdtemp(prefix=folder_prefix(name, time.strftime("%Y%m%d-%H%M%S")), dir=jobs))
     for sub in SUBFOLDERS:
         os.mkdir(path / sub, PRIVATE_DIR)
     return RunFolder(path)
@@ -109,15 +107,10 @@ def _job_folder(name: str, jobs: Path) -> RunFolder:
 def check_job(target, args, nodes, ranks_per_node, mode, gpus, cpus, time_limit, partition, requeue, signal,
            extra, name, style, backend, workdir):
     """Every check that can fail, before a file is written: (JobSpec, prepare(folder) -> target path)."""
-    job = spec.JobSpec(
-        target=Path("."), run_dir=Path("."), python=Path(sys.executable),
-        import_path=Path(distlab.__file__).resolve().parents[1],
-        nodes=spec.positive("nodes", nodes), ranks_per_node=spec.positive("ranks_per_node", ranks_per_node),
-        gpus_per_node=spec.positive("gpus_per_node", gpus, 0),
-        cpus_per_task=None if cpus is None else spec.positive("cpus_per_task", cpus),
-        time=spec.check_time(time_limit), mode=spec.check_mode(mode), requeue=bool(requeue),
-        signal=spec.check_signal(signal), extra=spec.check_extra(extra),
-        workdir=Path(workdir or os.getcwd()).resolve())
+    job = spec.requested(nodes=nodes, ranks_per_node=ranks_per_node, gpus_per_node=gpus, cpus_per_task=cpus,
+                         time_limit=time_limit, mode=mode, requeue=requeue, signal=signal, extra=extra,
+                         python=Path(sys.executable), import_path=Path(distlab.__file__).resolve().parents[1],
+                         workdir=Path(workdir or os.getcwd()).resolve())
     if callable(target):
         prepare = _function(target, args, job.world_size, style, backend)
         job.name = spec.check_name(name or getattr(target, "__name__", "fn"))
@@ -133,8 +126,7 @@ def _function(fn, args, world_size: int, style: str, backend: str):
     """Capture now (a CaptureError names what cannot travel); write the script once the folder exists."""
     from distlab.api import write_script
 
-    if style not in ("spawn", "launch"):
-        raise SlurmArgumentError("style", style, 'must be "spawn" (fn(rank, *args)) or "launch" (fn(*args))')
+    spec.check_style(style)
     config.check_function(fn)
     args = config.check_args(args)
     captured = capture.capture(fn, args)
@@ -155,9 +147,7 @@ def _file(path, args):
     if not path.is_file():
         raise SlurmNotFoundError(NOT_FOUND.format(what=f"the script {str(path)!r}",
                                                   hint="Write it first (e.g. with %%writefile), or fix the path."))
-    if isinstance(args, str):
-        args = args.split()
-    return (lambda folder: path.resolve()), tuple(str(a) for a in config.check_script_args(args))
+    return (lambda folder: path.resolve()), spec.script_args(args)
 
 
 def write_files(folder: RunFolder, job: spec.JobSpec) -> Path:
