@@ -8,7 +8,7 @@ is not accepted below as equivalent, the score of each module, and ends with
 
     score: X      (killed / (total - equivalent); timeouts, untested and not-run mutants are survivors)
 
-    python bench/mutation.py                      # the full form, from scratch (deletes mutants/), module by module
+    python bench/mutation.py                      # the full form, from scratch (deletes mutants/), in one mutmut run
     python bench/mutation.py --module nodes.plan  # one module (repeatable); reuses mutants/
     python bench/mutation.py --report-only        # score the last run again
     python bench/mutation.py --changed            # CI's form: the modules the change touched, within 5 minutes
@@ -32,7 +32,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import tomllib
@@ -246,6 +245,11 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     # the entry is a real folder by then (is_dir(follow_symlinks=False) let it through): following changes nothing
     ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=None)", "a folder, not a link"),
     ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=True)", "a folder, not a link"),
+    # --- runfolder (lead) ---
+    # os.DirEntry's follow_symlinks is a flag: None reads as False, the value it replaces
+    ("distlab.folders.runfolder.last_change", "stat(follow_symlinks=None)", "DirEntry reads None as False"),
+    ("distlab.folders.runfolder.last_change", "is_dir(follow_symlinks=None)", "DirEntry reads None as False"),
+    ("distlab.folders.runfolder.prune", "is_dir(follow_symlinks=None)", "DirEntry reads None as False"),
 ]
 
 
@@ -386,16 +390,15 @@ def unselected_tests() -> list[str]:
             and "pytestmark = pytest.mark.slow" not in p.read_text()]
 
 
-def run_modules(modules: list[str], max_children: int, budget: float | None) -> None:
-    """mutmut over ``modules`` (dotted names), one after another: a machine shared with others
-    never has every module's mutants queued at once."""
-    started = time.monotonic()
-    for module in modules:
-        left = None if budget is None else budget - (time.monotonic() - started)
-        if left is not None and left <= 0:
-            break
-        print(f"mutation.py: {module}", flush=True)
-        mutmut("run", "--max-children", str(max_children), f"{module}.*", timeout=left)
+def run_modules(modules: list[str], max_children: int, budget: float | None, every: bool = False) -> None:
+    """One ``mutmut run`` over ``modules`` (dotted names), stopped after ``budget`` seconds if given.
+    ``every``: all configured modules, named by none (mutmut then skips mutants it has a result for).
+
+    One run, not one per module: each run lists every selected test, runs the tests once without a
+    mutant and checks a forced failure is seen, so per module that cost a minute of the full form."""
+    names = [] if every else [f"{module}.*" for module in modules]
+    print(f"mutation.py: {'every configured module' if every else ', '.join(modules)}", flush=True)
+    mutmut("run", "--max-children", str(max_children), *names, timeout=budget)
 
 
 def main() -> None:
@@ -425,7 +428,8 @@ def main() -> None:
     if not options.report_only:
         if not (options.keep or options.module or options.changed):
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        run_modules(modules, options.max_children, options.budget if options.changed else None)
+        every = not (options.module or options.changed)
+        run_modules(modules, options.max_children, options.budget if options.changed else None, every)
     found = {n: s for n, s in statuses().items() if module_of(n) in modules}
     sampled_out = 0
     if options.changed:  # mutants the budget did not reach: a smaller sample, not survivors

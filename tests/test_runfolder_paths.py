@@ -188,3 +188,74 @@ def test_a_runs_last_change_looks_at_attempts_their_files_and_metrics_only(tmp_p
         assert last_change(run) == t
     assert last_change(tmp_path) == os.lstat(tmp_path).st_mtime  # no logs, no metrics: the folder itself
     assert runfolder._entries(str(tmp_path / "missing")) == []
+
+
+def test_a_link_in_logs_or_metrics_counts_by_its_own_time_not_its_targets(tmp_path):
+    """A run's age is what the run wrote: a link inside it (placed there by hand, or by a script that links
+    a log elsewhere) counts by the link's own time; what it points to, and whether that still exists, is
+    not read (a dangling link must not make the run unreadable, and prune must not follow it out)."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "metrics").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "rank0.out").write_text("")
+    os.symlink(elsewhere, run / "logs" / "attempt0")
+    os.symlink(elsewhere / "rank0.out", run / "metrics" / "rank0.jsonl")
+    os.symlink(tmp_path / "gone", run / "logs" / "attempt1")  # dangling
+    os.symlink(tmp_path / "gone", run / "metrics" / "rank1.jsonl")
+    (run / "logs" / "attempt2").mkdir()
+    os.symlink(elsewhere / "rank0.out", run / "logs" / "attempt2" / "rank0.out")
+    os.symlink(tmp_path / "gone", run / "logs" / "attempt2" / "rank1.out")
+    for path in (elsewhere, elsewhere / "rank0.out"):
+        os.utime(path, (900, 900))
+    for path in (run / "logs" / "attempt0", run / "metrics" / "rank0.jsonl", run / "logs" / "attempt1",
+                 run / "metrics" / "rank1.jsonl", run / "logs" / "attempt2" / "rank0.out",
+                 run / "logs" / "attempt2" / "rank1.out", run / "logs" / "attempt2"):
+        os.utime(path, (100, 100), follow_symlinks=False)
+    os.utime(run, (50, 50))
+    assert last_change(run) == 100
+    os.utime(run / "metrics" / "rank1.jsonl", (300, 300), follow_symlinks=False)
+    assert last_change(run) == 300
+
+
+def test_a_run_folder_that_cannot_be_removed_does_not_stop_the_prune(tmp_path, monkeypatch):
+    """Another user's file in a run (or a file system gone read-only) makes its removal fail: prune goes on
+    with the other runs, and a later prune tries again."""
+    root = private_root(tmp_path / "runs")
+    now = time.time()
+    runs = []
+    for i in range(3):
+        run = root / f"20250101-00000{i}-r-x"
+        (run / "logs").mkdir(parents=True)
+        (run / "logs" / ("stuck.out" if i == 0 else "rank0.out")).write_text("")
+        for path in (run, run / "logs"):
+            os.utime(path, (now - 5 * 86400, now - 5 * 86400))
+        runs.append(run)
+    unlink = os.unlink
+
+    def refuse(path, *args, **kwargs):
+        if os.fspath(path).endswith("stuck.out"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert sorted(prune(root, keep_newest=0, now=now)) == runs
+    assert (runs[0] / "logs" / "stuck.out").exists() and not runs[1].exists() and not runs[2].exists()
+
+
+def test_a_link_named_like_a_run_is_never_pruned_nor_followed(tmp_path):
+    """Only real folders are runs: a link in the root (a learner's shortcut to a run kept elsewhere) is
+    neither counted nor removed, and what it points to stays."""
+    root = private_root(tmp_path / "runs")
+    now = time.time()
+    kept = tmp_path / "kept-run"
+    kept.mkdir()
+    (kept / "rank0.out").write_text("")
+    link = root / "20250101-000000-shortcut-x"
+    os.symlink(kept, link)
+    for path in (kept, kept / "rank0.out"):
+        os.utime(path, (now - 5 * 86400, now - 5 * 86400))
+    os.utime(link, (now - 5 * 86400, now - 5 * 86400), follow_symlinks=False)
+    assert prune(root, keep_newest=0, now=now) == []
+    assert link.is_symlink() and (kept / "rank0.out").exists()
