@@ -254,3 +254,15 @@ def test_a_job_folders_name_keeps_what_a_file_name_may_hold():
     assert layout.folder_prefix("", "t") == "t-run-"
     assert layout.folder_prefix("x" * 50, "t") == "t-" + "x" * 40 + "-"
     assert layout.folder_prefix("Zz09", "t") == "t-Zz09-"
+
+
+def test_a_ranks_last_lines_keep_its_leading_blank_lines_and_drop_trailing_ones():
+    e = jobstate.failure_error(_result(logs={0: "\n\nx\n\n\n"}), 0, [])
+    assert "--- last lines rank 0 printed ---\n\n\nx\nRun folder" in str(e)
+
+
+def test_client_env_reads_the_environment_it_is_given_not_os_environ(defaults, tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    named = tmp_path / "given.conf"
+    named.write_text("x")
+    assert clientconf.client_env({"SLURM_CONF": str(named)}) == {"SLURM_CONF": str(named)}

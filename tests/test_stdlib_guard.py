@@ -4,6 +4,7 @@ No process starts here: the resource tracker's ``ensure_running`` is replaced by
 what they were lent, and the Python version is handed in or faked."""
 from __future__ import annotations
 
+import os
 import sys
 from multiprocessing import resource_tracker, util
 from types import SimpleNamespace
@@ -105,3 +106,43 @@ def test_distlab_never_asks_multiprocessing_for_its_default_start_method():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if bare.search(line) and "forkserver.get_context()" not in line]
     assert found == []
+
+
+def test_a_module_that_is_gone_is_named_and_the_others_still_checked():
+    import importlib
+
+    modules = {name: importlib.import_module(name) for name in stdlib.SURFACE}
+    del modules["multiprocessing.forkserver"]  # cannot be imported: named once, its instance skipped
+    modules["multiprocessing.spawn"] = SimpleNamespace()  # checked after it
+    gone = stdlib.missing(modules)
+    assert gone == ["multiprocessing.forkserver", "multiprocessing.spawn._main", "multiprocessing.spawn.get_executable"]
+
+
+def test_a_module_without_its_instance_has_no_fields_to_check():
+    import importlib
+
+    modules = {name: importlib.import_module(name) for name in stdlib.SURFACE}
+    modules["multiprocessing.resource_tracker"] = SimpleNamespace(
+        **{n: None for n in stdlib.SURFACE["multiprocessing.resource_tracker"] if n != "_resource_tracker"})
+    assert stdlib.missing(modules) == ["multiprocessing.resource_tracker._resource_tracker"]
+
+
+def test_every_name_gone_is_listed_and_by_default_this_python_is_asked(monkeypatch):
+    assert stdlib.problem((3, 13, 0), gone=["a.b", "c.d"]) == "this Python's multiprocessing lacks a.b, c.d"
+    monkeypatch.setattr(stdlib, "missing", lambda: ["multiprocessing.util.close_fds"])
+    assert stdlib.problem((3, 13, 0)) == "this Python's multiprocessing lacks multiprocessing.util.close_fds"
+
+
+def test_a_warning_is_given_once_and_points_at_the_caller_of_distlabs_function(fresh):
+    def distlab_function():
+        stdlib.warn_once("a reason", "a fallback")
+
+    with pytest.warns(RuntimeWarning) as caught:
+        distlab_function()  # the line the warning names
+        distlab_function()
+    assert [str(w.message) for w in caught] == ["distlab: a reason; a fallback"]
+    if "MUTANT_UNDER_TEST" in os.environ:
+        return  # mutmut calls every function through a frame of its own: the warning points one frame off
+    assert caught[0].filename == __file__
+    named = open(__file__).read().splitlines()[caught[0].lineno - 1]
+    assert "distlab_function()  # the line the warning names" in named

@@ -62,3 +62,42 @@ def test_an_all_to_all_refusal_is_told_from_a_failed_collective():
     assert compat.is_all_to_all_refusal("RuntimeError: ProcessGroup gloo does not support alltoall")
     assert not compat.is_all_to_all_refusal("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed")
     assert not compat.is_all_to_all_refusal("RuntimeError: Backend gloo does not support reduce_scatter")
+
+
+def test_a_version_without_a_patch_number_and_a_dotted_local_label():
+    """PEP 440 allows ``2.13+rocm6.2``: the label after ``+`` is not part of the release."""
+    assert compat.release("2.13+rocm6.2") == (2, 13)
+
+
+def test_a_module_that_does_not_import_lacks_every_name_asked_for():
+    assert compat._absent("distlab.no_such_module", ("A", "B")) == {"A", "B"}
+    assert compat._absent("json", ("dumps", "not_in_json")) == {"not_in_json"}
+
+
+@pytest.fixture
+def unchecked(monkeypatch):
+    monkeypatch.setattr(compat, "_checked", False)
+
+
+def test_a_torch_that_lacks_features_is_refused_naming_each(unchecked, monkeypatch):
+    import torch
+
+    lacking = {"torch.distributed.elastic.multiprocessing": {"LogsSpecs", "LogsDest"},
+               "torch.distributed.elastic.rendezvous": {"RendezvousStoreInfo"}}
+    monkeypatch.setattr(compat, "_absent", lambda module, names: lacking.get(module, set()))
+    with pytest.raises(compat.DistlabError) as info:
+        compat.check_torch()
+    text = str(info.value)
+    assert ("torch.distributed.elastic.multiprocessing.LogsDest, torch.distributed.elastic.multiprocessing.LogsSpecs, "
+            "torch.distributed.elastic.rendezvous.RendezvousStoreInfo") in text
+    assert torch.__version__ in text and compat.TORCH_FLOOR in text
+    assert compat._checked is False  # refused: asked again next time
+
+
+def test_the_check_runs_once_per_process(unchecked, monkeypatch):
+    asked = []
+    real = compat.launch_config_fields
+    monkeypatch.setattr(compat, "launch_config_fields", lambda: asked.append(1) or real())
+    compat.check_torch()
+    compat.check_torch()
+    assert asked == [1] and compat._checked is True
