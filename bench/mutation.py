@@ -26,12 +26,14 @@ matched by the function it is in and a piece of its mutated line, with the reaso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import tomllib
@@ -256,6 +258,11 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     # use; tests/test_stdlib_guard.py checks the warning names the caller's line outside mutation
     ("distlab.forkserver.stdlib.warn_once", "stacklevel=4", "mutmut's own frame shifts the warning's location"),
     ("distlab.forkserver.stdlib.warn_once", "RuntimeWarning, )", "mutmut's own frame shifts the warning's location"),
+    # --- private (lead) ---
+    ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", None)', "Linux has O_CLOEXEC"),
+    ("distlab.folders.private.stale_dirs", "is_dir(follow_symlinks=None)", "DirEntry reads None as False"),
+    ("distlab.folders.private.private_root", "RuntimeWarning, )", "mutmut's own frame shifts the warning's location"),
+    ("distlab.folders.private.private_root", "stacklevel=4", "mutmut's own frame shifts the warning's location"),
 ]
 
 
@@ -264,7 +271,8 @@ def mutmut(*args: str, check: bool = True, timeout: float | None = None) -> str:
     with a ``timeout``: stopped there (its whole process group), the mutants not reached stay unchecked."""
     command = [sys.executable, "-m", "mutmut", *args]
     if args[0] == "run":
-        with subprocess.Popen(command, cwd=ROOT, text=True, start_new_session=True) as proc:
+        with scratch() as env, subprocess.Popen(command, cwd=ROOT, text=True, start_new_session=True,
+                                                env=env) as proc:
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -279,6 +287,19 @@ def mutmut(*args: str, check: bool = True, timeout: float | None = None) -> str:
     if check and done.returncode != 0:
         sys.exit(f"mutation.py: `mutmut {' '.join(args)}` failed ({done.returncode}):\n{done.stderr or ''}")
     return done.stdout or ""
+
+
+@contextlib.contextmanager
+def scratch():
+    """The environment of one ``mutmut run``: ``TMPDIR`` and distlab's runs root in a folder of its own,
+    removed afterwards with whatever is in it. A mutant can send a file to the default place instead of the
+    test's (``dir=None`` for ``dir=root``); the test fails, as it should, but cannot clean up what the
+    broken code put elsewhere: without this, run folders piled up in /tmp."""
+    folder = tempfile.mkdtemp(prefix="distlab-mutation-")
+    try:
+        yield {**os.environ, "TMPDIR": folder, "DISTLAB_RUNS": os.path.join(folder, "runs")}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def statuses() -> dict[str, str]:
