@@ -274,6 +274,7 @@ EQUIVALENT: list[tuple[str, str, str]] = [
      "same() compares in float64 either way"),
     ("distlab.teach.collective_results.check_reduce_scatter", "torch.as_tensor(got, )",
      "same() compares in float64 either way"),
+    ("distlab.teach.models.DummyDataset.__init__", "torch.randint(2, (size,)", "randint's low is 0 by default"),
 ]
 
 
