@@ -263,6 +263,35 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.folders.private.stale_dirs", "is_dir(follow_symlinks=None)", "DirEntry reads None as False"),
     ("distlab.folders.private.private_root", "RuntimeWarning, )", "mutmut's own frame shifts the warning's location"),
     ("distlab.folders.private.private_root", "stacklevel=4", "mutmut's own frame shifts the warning's location"),
+    # --- mut-coll ---
+    # op_name upper-cases an op's name before it looks it up: "sum" is "SUM"
+    ("distlab.teach.collective_results.combine", 'op="sum"', "op_name upper-cases it: the same op"),
+    ("distlab.teach.collective_results.ref_reduce", 'op="sum"', "op_name upper-cases it: the same op"),
+    ("distlab.teach.collective_results.ref_all_reduce", 'op="sum"', "op_name upper-cases it: the same op"),
+    ("distlab.teach.collective_results.ref_reduce_scatter", 'op="sum"', "op_name upper-cases it: the same op"),
+    ("distlab.teach.collective_results.ref_group_all_reduce", 'op="sum"', "op_name upper-cases it: the same op"),
+    ("distlab.teach.collective_results.bench_expected", "n * (n - 1) / 2",
+     "n(n-1) is even, so / gives the same number; a float32 tensor plus a Python float stays float32"),
+    # zip(strict=True) where the lengths are equal already: strict can never raise there
+    ("distlab.teach.collective_results.check_against_reference", "expected, strict=None)", "lengths asserted equal"),
+    ("distlab.teach.collective_results.check_against_reference", "expected, strict=False)", "lengths asserted equal"),
+    ("distlab.teach.collective_results.check_against_reference", "zip(after, expected, )", "lengths asserted equal"),
+    ("distlab.teach.collective_results.check_reduce_scatter", "expected, strict=None)", "lengths checked equal above"),
+    ("distlab.teach.collective_results.check_reduce_scatter", "expected, strict=False)", "lengths checked equal above"),
+    ("distlab.teach.collective_results.check_reduce_scatter", "zip(answer, expected, )", "lengths checked equal above"),
+    ("distlab.teach.collective_results.same", "zip(a, b, strict=None)", "len(a) == len(b) is checked first"),
+    ("distlab.teach.collective_results.same", "zip(a, b, strict=False)", "len(a) == len(b) is checked first"),
+    ("distlab.teach.collective_results.same", "zip(a, b, )", "len(a) == len(b) is checked first"),
+    ("distlab.teach.collective_results.ring_segments", "ends[1:], strict=None)", "slices of one list: same length"),
+    ("distlab.teach.collective_results.ring_segments", "ends[1:], strict=False)", "slices of one list: same length"),
+    ("distlab.teach.collective_results.ring_segments", "ends[1:], )", "slices of one list: same length"),
+    # same() casts both sides to float64 and compares with allclose: an answer cast to float32 first
+    # (ints, floats, bools, as the exercise gets them) compares the same
+    ("distlab.teach.collective_results.check_reduce_scatter", "torch.as_tensor(got, dtype=None)",
+     "same() compares in float64 either way"),
+    ("distlab.teach.collective_results.check_reduce_scatter", "torch.as_tensor(got, )",
+     "same() compares in float64 either way"),
+    ("distlab.teach.models.DummyDataset.__init__", "torch.randint(2, (size,)", "randint's low is 0 by default"),
 ]
 
 

@@ -40,6 +40,31 @@ def test_op_name_accepts_reduce_ops_and_rejects_unknown_ones():
         C.op_name("PREMUL_SUM")
 
 
+def test_sum_is_the_default_op_and_the_unknown_op_error_lists_the_known_ones():
+    assert C.combine(ranks([1, 4], [2, 1])).tolist() == [3, 5]
+    with pytest.raises(ValueError, match="the references know SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR$"):
+        C.op_name("mean")
+
+
+def test_rooted_references_default_to_rank_0_and_sum():
+    xs = ranks([1, 2], [11, 12], [21, 22])
+    assert [t.tolist() for t in C.ref_broadcast(xs)] == [[1, 2]] * 3
+    gathered = C.ref_gather(xs)
+    assert [t.tolist() for t in gathered[0]] == [[1, 2], [11, 12], [21, 22]] and gathered[1:] == [None, None]
+    reduced = C.ref_reduce(xs)
+    assert reduced[0].tolist() == [33, 36] and reduced[1:] == [None, None]
+    scattered = C.ref_scatter([list(ranks([0], [1])), list(ranks([10], [11]))])
+    assert [t.tolist() for t in scattered] == [[0], [1]]
+    assert [t.tolist() for t in C.ref_all_reduce(xs)] == [[33, 36]] * 3
+
+
+def test_reduce_and_reduce_scatter_use_the_op_they_are_given():
+    xs = ranks([1, 5], [4, 2])
+    reduced = C.ref_reduce(xs, dst=1, op="MAX")
+    assert reduced[0] is None and reduced[1].tolist() == [4, 5]
+    pieces = [ranks([0], [12]), ranks([10], [2])]
+    assert [t.tolist() for t in C.ref_reduce_scatter(pieces, op="MIN")] == [[0], [2]]
+
 def test_rooted_references_give_results_only_on_the_root():
     xs = ranks([1, 2], [11, 12], [21, 22])
     assert [t.tolist() for t in C.ref_broadcast(xs, src=1)] == [[11, 12]] * 3
@@ -86,12 +111,16 @@ def test_check_against_reference_passes_skips_undefined_and_names_the_wrong_rank
 def test_same_compares_structure():
     assert C.same([T([1.0])], [T([1.0])]) and C.same(None, None)
     assert not C.same(T([1.0]), None) and not C.same([T([1.0])], T([1.0])) and not C.same(T([1.0, 2.0]), T([1.0]))
+    assert not C.same([T([1.0])], [T([1.0]), T([2.0])])  # lists of different lengths
+    assert not C.same([T(1.0), T(2.0)], T([1.0, 2.0]))  # a list is not a tensor, even with the same values
 
 
 def test_per_rank_and_defined_only():
     returns = {1: {"x": ("b1", "a1")}, 0: {"x": ("b0", "a0")}}
     assert C.per_rank(returns, "x") == (["b0", "b1"], ["a0", "a1"])
     assert C.defined_only(["a0", "a1"], [T([1.0]), None]) == ["a0", None]
+    with pytest.raises(ValueError):  # one result per rank on both sides, or it is a mistake
+        C.defined_only(["a0", "a1"], [T([1.0])])
 
 
 # --- ring geometry, bandwidth, inputs --------------------------------------------------------------------
@@ -147,14 +176,27 @@ def test_memcpy_bandwidth_is_positive_and_restores_threads():
 # --- tables and exercise checks ------------------------------------------------------------------------------
 
 def test_support_tables_show_measurements_and_docs():
-    table = C.support_table({name: None for name in C.TABLE_ROWS} | {"all_to_all": "RuntimeError: no"}, "gloo")
+    table = C.support_table({name: None for name in C.TABLE_ROWS[:-2]} | {"all_to_all": "RuntimeError: no"}, "gloo")
     assert "<tr><td><code>broadcast</code></td><td>✓</td><td>✓</td><td>✓</td></tr>" in table
     assert "<td><code>all_to_all</code></td><td>✘ <code>RuntimeError: no</code></td>" in table
     assert table.startswith("<table>") and "<th>measured here (gloo)</th>" in table
-    ops = C.ops_table({"SUM": None, "AVG": None}, "gloo")
+    ops = C.ops_table({"SUM": None, "AVG": None}, "nccl")
     assert "<td><code>AVG</code></td><td>✓</td><td>✘ (NCCL only)</td><td>✓ (NCCL ≥ 2.10)</td>" in ops
     assert "<td><code>MIN</code></td><td>✘ <code>not run</code></td>" in ops
     assert "&lt;" in C.support_table({"gather": "bad <op>"}, "gloo")  # errors are escaped
+    assert "<td><code>barrier</code></td><td>✘ <code>not run</code></td>" in table
+    assert ("<thead><tr><th>collective</th><th>measured here (gloo)</th><th>gloo, CPU (docs)</th>"
+            "<th>NCCL, GPU (docs)</th></tr></thead>") in C.support_table({}, "gloo")
+    assert ("<thead><tr><th>ReduceOp</th><th>measured here (nccl)</th><th>gloo (docstring)</th>"
+            "<th>NCCL (docstring)</th></tr></thead>") in ops
+
+
+def test_html_table_and_long_errors_cut_to_60_characters():
+    assert C.html_table(["a", "b"], [[1, 2], [3, 4]]) == (
+        "<table><thead><tr><th>a</th><th>b</th></tr></thead>"
+        "<tbody><tr><td>1</td><td>2</td></tr><tr><td>3</td><td>4</td></tr></tbody></table>")
+    table = C.ops_table({"SUM": "E" * 100}, "gloo")
+    assert f"<td>✘ <code>{'E' * 60}</code></td>" in table
 
 
 def test_exercise_checks_accept_right_answers(capsys):
@@ -165,7 +207,9 @@ def test_exercise_checks_accept_right_answers(capsys):
     before = ranks([1], [2], [3], [4])
     C.check_group_all_reduce({r: {"result": (before[r], T([4.0]) if r else before[r])} for r in range(4)},
                              ranks=[1, 2, 3], op="MAX")
-    assert capsys.readouterr().out.count("correct") == 5
+    out = capsys.readouterr().out
+    assert out.count("correct") == 5
+    assert "correct: [111.0, 222.0, 333.0]\n" in out and "correct: all 5 scenarios\n" in out
 
 
 def test_exercise_checks_reject_wrong_answers_with_hints():
@@ -177,12 +221,35 @@ def test_exercise_checks_reject_wrong_answers_with_hints():
         C.check_ring_bytes(64 * 2**20)
     with pytest.raises(AssertionError, match="busbw"):
         C.check_bandwidth(6.71, 6.71)
+    with pytest.raises(AssertionError, match="Rank 0: not \\[111, 0\\]"):  # one value per rank, not a list
+        C.check_reduce_scatter([[111, 0], 222, 333])
+    with pytest.raises(AssertionError, match="summed over the ranks.$"):
+        C.check_reduce_scatter([111, 222, 0])
+    with pytest.raises(AssertionError, match="all-gather, each sending one segment of nbytes/n.$"):
+        C.check_ring_bytes(0)
+    with pytest.raises(AssertionError, match="algbw: not 6.9"):
+        C.check_bandwidth(6.9, 11.74)
     with pytest.raises(AssertionError, match="Who has the data"):
         C.check_which_collective({})
     before = ranks([1], [2], [3], [4])
     with pytest.raises(AssertionError, match="rank 0 ended with"):  # rank 0 is outside the group
         C.check_group_all_reduce({r: {"result": (before[r], T([4.0]))} for r in range(4)}, ranks=[1, 2, 3], op="MAX")
 
+
+def test_exercise_answers_are_checked_within_their_tolerance(capsys):
+    """Bytes within a millionth, bandwidths within 2% (both inclusive), with the defaults of the exercise:
+    8 ranks, 64 MiB, 10 ms."""
+    C.check_ring_bytes(2 * 7 / 8 * 64 * 2**20 + 100)
+    C.check_ring_bytes(1e6 + 1, n=2, nbytes=1e6)  # 1e-6 x 1e6 is exactly 1 byte
+    with pytest.raises(AssertionError):
+        C.check_ring_bytes(1e6 + 1.01, n=2, nbytes=1e6)
+    alg, bus = 64 * 2**20 / 0.01 / 1e9, 64 * 2**20 / 0.01 / 1e9 * 2 * 7 / 8
+    C.check_bandwidth(alg * 1.01, bus * 0.985)
+    for wrong in ((alg * 1.03, bus), (alg * 0.97, bus), (alg, bus * 1.025), (alg, bus * 0.975)):
+        with pytest.raises(AssertionError):
+            C.check_bandwidth(*wrong)
+    C.check_bandwidth(51.0, 51.0, n=2, nbytes=50e9, seconds=1.0)  # exactly 2% off: 50 GB/s both
+    assert capsys.readouterr().out.count("correct") == 4
 
 # --- plots ---------------------------------------------------------------------------------------------------
 
