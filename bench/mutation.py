@@ -432,18 +432,31 @@ def changed_modules(base: str | None) -> list[str]:
 # Fast test files that use a mutated module but stay out of the selection, and why.
 NOT_SELECTED = {
     "tests/test_shared_machine.py": "creates a second Unix user and runs commands as it (root only, seconds each)",
+    "tests/test_chapter_claims.py": "reads the chapters: book/ is not copied into mutants/",
+    "tests/test_recordings.py": "reads the chapters and book/record.py: book/ is not copied into mutants/",
+    "tests/test_recordings_fresh.py": "its fast tests use book/record.py: book/ is not copied into mutants/",
 }
+
+
+def uses_pattern(modules: list[str]) -> re.Pattern:
+    """What a test file that uses one of ``modules`` (paths under src/) says: the module's dotted name,
+    or ``from <its package> import ... <its name>`` (parenthesised over several lines too)."""
+    alternatives = []
+    for module in modules:
+        package, _, name = dotted(module).rpartition(".")
+        alternatives += [rf"\b{re.escape(dotted(module))}\b",
+                         rf"from {re.escape(package)} import (?:\([^)]*|[^\n]*)\b{name}\b"]
+    return re.compile("|".join(alternatives))
 
 
 def unselected_tests() -> list[str]:
     """Fast test files that import a mutated module but are not in the selection (a gap in the score).
     The chapters' helper tests (test_teach_*) only borrow RunResult to fake a run."""
     selected = set(mutmut_config()["pytest_add_cli_args_test_selection"]) | set(NOT_SELECTED)
-    names = "|".join(Path(m).stem for m in configured_modules())
-    uses = re.compile(rf"distlab\.({names})\b|from distlab import [^\n]*\b({names})\b")
+    uses = uses_pattern(configured_modules())
     return [f"tests/{p.name}" for p in sorted((ROOT / "tests").glob("test_*.py")) if not p.name.startswith("test_teach")
             if f"tests/{p.name}" not in selected and uses.search(p.read_text())
-            and "pytestmark = pytest.mark.slow" not in p.read_text()]
+            and not re.search(r"^pytestmark = \[?pytest\.mark\.slow\b", p.read_text(), re.M)]
 
 
 def run_modules(modules: list[str], max_children: int, budget: float | None, every: bool = False) -> None:

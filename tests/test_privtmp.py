@@ -24,6 +24,20 @@ def tmp_root(tmp_path, monkeypatch):
     return shared
 
 
+@pytest.fixture
+def only_asked():
+    """pid_alive asks with signal 0, which sends nothing: any real signal to this process is a failure
+    of the test, not its death (SIGHUP would end it without a word)."""
+    import signal
+
+    def sent(signum, frame):
+        raise AssertionError(f"pid_alive sent {signal.Signals(signum).name}: it must only ask (signal 0)")
+
+    before = signal.signal(signal.SIGHUP, sent)
+    yield
+    signal.signal(signal.SIGHUP, before)
+
+
 def test_names_carry_the_host_and_the_pid():
     assert private.folder_prefix(42, "node-07.cluster") == "proc-node-07.cluster-42-"
     assert private.owner_of("proc-node-07.cluster-42-ab_c1x9z") == ("node-07.cluster", 42)
@@ -32,7 +46,7 @@ def test_names_carry_the_host_and_the_pid():
     assert private.host_name() and "/" not in private.host_name()
 
 
-def test_pruning_deletes_only_this_hosts_folders_of_processes_that_are_gone(tmp_path):
+def test_pruning_deletes_only_this_hosts_folders_of_processes_that_are_gone(tmp_path, only_asked):
     """Before: ``proc-<pid>-*`` was pruned by pid liveness on whichever host looked, deleting the live
     folders of kernels on other hosts that share the root (a home on NFS)."""
     here, dead, live = private.host_name(), 999_999_999, os.getpid()
@@ -133,7 +147,7 @@ def test_a_stamped_folder_goes_when_its_process_has_gone_whatever_host_name_it_r
     assert {p.name for p in private.stale_dirs(tmp_path)} == {n for n, (*_, gone) in names.items() if gone}
 
 
-def test_an_unstamped_folder_of_a_pid_reused_since_it_last_changed_goes(tmp_path):
+def test_an_unstamped_folder_of_a_pid_reused_since_it_last_changed_goes(tmp_path, only_asked):
     """A folder from before the stamps: the pid runs, but the process that runs it started after the folder
     last changed, so it is not the one that made it."""
     folder = tmp_path / f"{private.folder_prefix(os.getpid())}aaaaaaaa"

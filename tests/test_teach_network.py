@@ -254,6 +254,14 @@ def test_the_cluster_step_exercise_word_for_word(capsys):
     assert network.check_cluster_step(2 * 3 / 4 * 1e6 * 4 * 8 / 10e9, params=1e6, nodes=4, gbit=10)
 
 
+def test_on_two_nodes_the_ring_sends_the_gradients_once_and_that_answer_is_right(capsys):
+    """2 (n - 1) / n is 1 for n = 2: the hint about sending the gradients once would refuse the right answer."""
+    assert network.check_cluster_step(25e6 * 4 * 8 / 1e9, nodes=2)
+    assert capsys.readouterr().out == "correct: 0.80 s per step, whatever the GPUs compute in the meantime\n"
+    with pytest.raises(AssertionError, match="^Not quite"):
+        network.check_cluster_step(1.6, nodes=2)
+
+
 def test_the_link_bytes_exercise_word_for_word(capsys):
     assert network.check_link_bytes(None) is False
     assert capsys.readouterr().out == "No answer yet: replace None with a pair (flat, hierarchical) of byte counts.\n"

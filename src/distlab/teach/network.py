@@ -223,7 +223,8 @@ def check_cluster_step(answer, params: float = 25e6, nodes: int = 8, gbit: float
     if _no_answer(answer, "a number of seconds"):
         return False
     expected = bound_s(params * 4, nodes, gbit * 1e9)
-    if _close(answer, params * 4 * 8 / (gbit * 1e9)):
+    once = params * 4 * 8 / (gbit * 1e9)
+    if _close(answer, once) and not _close(expected, once):  # on 2 nodes the ring sends exactly that
         raise AssertionError(f"{answer!r} sends the gradients once. How many times S does each rank send in a ring "
                              f"all-reduce on {nodes} ranks?")
     assert _close(answer, expected), (
