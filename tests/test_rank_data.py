@@ -105,6 +105,7 @@ def test_a_notebook_function_or_class_is_refused_before_it_reaches_a_rank():
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+@pytest.mark.slow  # a fresh interpreter (the marker's meaning): also keeps it out of the mutation run's selection
 def test_re_running_load_ext_prints_nothing(tmp_path):
     """A learner re-runs a chapter's first cell: IPython's "already loaded" note is noise."""
     program = ("from IPython.core.interactiveshell import InteractiveShell\n"
