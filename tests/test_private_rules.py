@@ -267,6 +267,15 @@ def test_private_files_take_text_or_bytes(tmp_path):
     assert fds is None or len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_a_file_object_that_cannot_be_made_raises_its_own_error_and_leaves_no_descriptor(tmp_path):
+    """The descriptor is open()'s once it exists: closing it again raised EBADF in place of the real error."""
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(LookupError, match="no-such-codec"):
+        private.open_private(tmp_path / "t", "w", encoding="no-such-codec")
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert stat.S_IMODE((tmp_path / "t").stat().st_mode) == 0o600  # made private before the codec was looked up
+
+
 def test_where_the_root_goes_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv(private.ENV, "~/runs")
