@@ -273,3 +273,69 @@ def test_the_note_is_a_box_in_html_and_one_line_in_plain_text(shown):
 ])
 def test_each_claim_is_its_comment_or_its_code_cut_at_the_limit(body, claim):
     assert recorded.checked(body) == recorded.CHECKED.format(claims=claim)
+
+
+# --- the probes, with the checks they make stubbed (#60: probe.py mutated; no process started) ----------------
+
+@pytest.fixture
+def checks(monkeypatch):
+    """What the probes' checks say: an exception to raise (or None) each, and how often they ran."""
+    from distlab.needs import probe as probe_module
+
+    state = {"nodes": None, "slurm": None, "accounting": None, "runs": 0, "on_nodes": []}
+
+    def check_possible():
+        state["runs"] += 1
+        if state["nodes"] is not None:
+            raise state["nodes"]
+
+    def check_can_start():
+        if state["slurm"] is not None:
+            raise state["slurm"]
+
+    def accounting(on_nodes=False):
+        state["on_nodes"].append(on_nodes)
+        return state["accounting"]
+
+    monkeypatch.setattr(probe_module.namespaces, "check_possible", check_possible)
+    monkeypatch.setattr(probe_module, "check_can_start", check_can_start)
+    monkeypatch.setattr(probe_module.accounting, "problem", accounting)
+    monkeypatch.setattr(probe_module, "_FACTS", None)
+    return state
+
+
+def test_each_probe_keeps_the_text_of_the_error_its_check_raises(checks):
+    from distlab.errors import NodesError
+    from distlab.slurm.errors import ClusterError
+
+    assert probe.nodes_problem() is None and probe.slurm_problem() is None
+    checks["nodes"], checks["slurm"] = NodesError(CONTAINER), ClusterError("it needs root", "Run as root.")
+    assert probe.nodes_problem() == CONTAINER
+    assert probe.slurm_problem() == str(ClusterError("it needs root", "Run as root."))
+    checks["nodes"] = FileNotFoundError(2, "No such file or directory", "unshare")
+    assert probe.nodes_problem() == ("distlab: cannot start nodes: [Errno 2] No such file or directory: 'unshare'. "
+                                     "Install util-linux (Debian: apt-get install util-linux).")
+
+
+def test_the_facts_are_probed_once_per_kernel_unless_asked_again(checks):
+    from distlab.errors import NodesError
+
+    facts = probe.facts()
+    assert facts == Facts(None, None, None) and probe.facts() is facts and checks["runs"] == 1
+    checks["nodes"], checks["accounting"] = NodesError(CONTAINER), NO_DBD
+    assert probe.facts() is facts and checks["runs"] == 1
+    fresh = probe.facts(fresh=True)
+    assert fresh == Facts(CONTAINER, None, NO_DBD) and checks["runs"] == 2 and probe.facts() is fresh
+    assert checks["on_nodes"] == [True, False]  # accounting asks whether the cluster will have nodes
+
+
+@pytest.mark.parametrize("facts, holding", [
+    (Facts(None, None), ["nodes", "slurm", "slurm-nodes"]),
+    (Facts(CONTAINER, None), ["slurm"]),
+    (Facts(None, NOT_ROOT), ["nodes"]),
+])
+def test_holds_answers_for_this_machine(checks, monkeypatch, facts, holding):
+    monkeypatch.setattr(probe, "_FACTS", facts)
+    assert [r for r in ("nodes", "slurm", "slurm-nodes") if probe.holds(r)] == holding
+    with pytest.raises(ValueError):
+        probe.holds("gpus")
