@@ -242,6 +242,9 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     # the entry is a real folder by then (is_dir(follow_symlinks=False) let it through): following changes nothing
     ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=None)", "a folder, not a link"),
     ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=True)", "a folder, not a link"),
+    # --- mut-misc ---
+    ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", None)', "the name exists on Linux"),
+    ("distlab.folders.private.stale_dirs", "entry.is_dir(follow_symlinks=None)", "None is false, as False is"),
 ]
 
 

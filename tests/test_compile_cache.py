@@ -203,20 +203,24 @@ def test_a_folder_of_your_own_that_cannot_be_made_is_left_to_torch_to_report(tmp
     assert compile_cache.use_private_cache(env) is None and patched == [env[compile_cache.ENV]]
 
 
+def said_by(monkeypatch) -> list:
+    """The warnings compile_cache gives, with their stacklevel: where a warning points is checked through the
+    level asked for, since under mutation testing each function is reached through wrapper frames."""
+    calls: list = []
+    monkeypatch.setattr(compile_cache, "warnings", types.SimpleNamespace(warn=lambda *a, **kw: calls.append((a, kw))))
+    return calls
+
+
 def test_the_warning_points_at_the_line_that_imported_distlab(tmp_path, monkeypatch, patched):
     """stacklevel 3: use_private_cache <- distlab/__init__ <- the import (importlib's frames are skipped)."""
     monkeypatch.setattr("distlab.folders.private.private_root", lambda: tmp_path)
     env = {compile_cache.ENV: compile_cache.shared_default()}
-
-    def package_init():
-        return compile_cache.use_private_cache(env)
-
-    with pytest.warns(RuntimeWarning) as caught:
-        line = sys._getframe().f_lineno + 1
-        package_init()
-    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
-    assert str(caught[0].message) == compile_cache.CACHE_REPLACED.format(
-        folder=compile_cache.shared_default(), why=compile_cache.TORCH_DEFAULT, private=tmp_path / "compile-cache")
+    calls = said_by(monkeypatch)
+    compile_cache.use_private_cache(env)
+    assert calls == [((compile_cache.CACHE_REPLACED.format(folder=compile_cache.shared_default(),
+                                                           why=compile_cache.TORCH_DEFAULT,
+                                                           private=tmp_path / "compile-cache"), RuntimeWarning),
+                      {"stacklevel": 3})]
 
 
 # --- torch's default_cache_dir, and what torch computed from it ---------------------------------------
@@ -287,13 +291,21 @@ def test_no_hook_once_every_watched_module_is_loaded(tmp_path, monkeypatch, no_t
 
 # --- what a loaded torch will use ---------------------------------------------------------------------
 
-def check(folder) -> list[tuple[str, str, int]]:
+def check(folder) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        line = sys._getframe().f_lineno + 1
         compile_cache.check_loaded(str(folder))
-    assert all((w.filename, w.lineno) == (__file__, line) for w in caught)  # the caller's line
     return [str(w.message) for w in caught]
+
+
+def test_the_warnings_point_at_check_loaded_s_caller(tmp_path, monkeypatch, no_torch):
+    monkeypatch.setenv(compile_cache.ENV, compile_cache.shared_default())
+    monkeypatch.setitem(sys.modules, compile_cache.TORCH_MODULE,
+                        torch_like("m", default_cache_dir=lambda: str(tmp_path)))
+    calls = said_by(monkeypatch)
+    compile_cache.check_loaded(str(tmp_path))
+    assert calls == [((unpatched(compile_cache.ENV, compile_cache.shared_default(), tmp_path), RuntimeWarning),
+                      {"stacklevel": 2})]
 
 
 def unpatched(what, folder, private) -> str:

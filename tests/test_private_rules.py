@@ -327,7 +327,12 @@ def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_s
 
     with pytest.warns(RuntimeWarning) as caught:
         assert a_caller() == fallback
-    assert len(caught) == 1  # (where it points is not checked: mutmut's trampolines add frames)
+    assert len(caught) == 1  # where it points: through the level asked for (mutmut's trampolines add frames)
+    levels: list = []
+    with monkeypatch.context() as m:
+        m.setattr(private, "_WARNED", set())
+        m.setattr(warnings, "warn", lambda *args, stacklevel=1: levels.append(stacklevel))
+        assert a_caller() == fallback and levels == [3]  # private_root <- RunFolder.create <- its caller
     assert str(caught[0].message) == message(
         theirs, f"it belongs to {user(OTHER)}, not to you ({user(os.geteuid())})",
         "Someone else created it first: set DISTLAB_RUNS to a folder of yours "
