@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import pytest
 
@@ -339,3 +340,11 @@ def test_holds_answers_for_this_machine(checks, monkeypatch, facts, holding):
     assert [r for r in ("nodes", "slurm", "slurm-nodes") if probe.holds(r)] == holding
     with pytest.raises(ValueError):
         probe.holds("gpus")
+
+
+def test_a_failing_cell_s_traceback_shows_the_cell_not_the_magic(shell, capsys):
+    """The magic's own frames are hidden (__tracebackhide__): the learner sees the cell's line that failed."""
+    probe._FACTS = Facts(None, None)
+    assert not run(shell, "%%needs nodes\nx = 1\n1 / 0\n").success
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # IPython's colours
+    assert "ZeroDivisionError" in out and "1 / 0" in out and not re.search(r"in \w*(run_here|needs_magic)", out), out

@@ -1,6 +1,7 @@
 """The ``%%ranks`` magic and the end of ranks a notebook replaced, in this process (issue #60: distlab.warm.magic
 and distlab.warm.replaced mutated; starts no process): fake ranks and shells stand in for warm ranks and a kernel.
 Real ranks in a real kernel: tests/test_ranks_kernel.py."""
+import re
 import sys
 import weakref
 from types import SimpleNamespace
@@ -293,5 +294,25 @@ def test_in_a_real_shell_a_replaced_ranks_shown_by_a_cell_ends(fresh):
         ip.run_cell("ranks = make()", store_history=True)
         second, third = ip.user_ns["kept"], ip.user_ns["keep"][0]
         assert (first.closed, second.closed, third.closed) == (1, 0, 0)  # a name or a list holds them
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_an_error_from_the_ranks_in_a_shell_shows_no_frame_of_the_magic(monkeypatch, capsys):
+    """The magic's own frame is hidden (__tracebackhide__): what failed below it shows, the magic does not."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    class Refusing(FakeRanks):
+        def _exec(self, *args, **kwargs):
+            raise ValueError("refused by the ranks")
+
+    ip = InteractiveShell.instance()
+    try:
+        monkeypatch.setattr(magic, "current", lambda: Refusing(None))
+        monkeypatch.setattr(IPython, "get_ipython", lambda: ip)
+        magic.register(ip)
+        assert not ip.run_cell("%%ranks\n1 / 0\n").success
+        out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # IPython's colours
+        assert "refused by the ranks" in out and not re.search(r"in \w*ranks_magic", out), out
     finally:
         InteractiveShell.clear_instance()
