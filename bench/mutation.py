@@ -245,6 +245,31 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     # --- mut-misc ---
     ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", None)', "the name exists on Linux"),
     ("distlab.folders.private.stale_dirs", "entry.is_dir(follow_symlinks=None)", "None is false, as False is"),
+    # a folder of yours that exists already: exist_ok=False raises FileExistsError, an OSError, which is suppressed
+    ("distlab.folders.compile_cache.use_private_cache", "os.makedirs(chosen, PRIVATE_DIR, exist_ok=None)",
+     "nothing to make: the error is suppressed"),
+    ("distlab.folders.compile_cache.use_private_cache", "os.makedirs(chosen, PRIVATE_DIR, )",
+     "nothing to make: the error is suppressed"),
+    ("distlab.folders.compile_cache.use_private_cache", "os.makedirs(chosen, PRIVATE_DIR, exist_ok=False)",
+     "nothing to make: the error is suppressed"),
+    # a pidfd or a namespace file: os.open makes every descriptor non-inheritable anyway (PEP 446)
+    ("distlab.nodes.held.hold", "os.O_RDONLY & os.O_CLOEXEC", "os.open sets close-on-exec itself"),
+    ("distlab.nodes.held.Held.alive", "poller.poll(1)", "a 1 ms wait: the same answer, a millisecond later"),
+    ("distlab.nodes.held.Held.alive", "poller.register(self.pidfd, )",
+     "a pidfd signals only POLLIN (its process ended): the default mask asks the same"),
+    # stderr is line-buffered (Python 3.9+) and the text ends with print's newline
+    ("distlab.slurm.door._say", "flush=None", "the newline flushes stderr"),
+    ("distlab.slurm.door._say", "flush=False", "the newline flushes stderr"),
+    ("distlab.slurm.door._say", "file=sys.stderr, )", "the newline flushes stderr"),
+    ("distlab.slurm.door.acl_value", 'struct.pack("<i", ACL_VERSION)', "version 2 packs to the same four bytes"),
+    ("distlab.slurm.door.grant_only", "follow_symlinks=None", "None is false, as False is"),
+    # os.chmod sets 0711 right after each os.mkdir, whatever mode mkdir made it with (inside the door: root's)
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool", )', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool", 458)', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool" / host, )', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool" / host, 458)', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "jobs", )', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "jobs", 458)', "the chmod after it sets the mode"),
 ]
 
 

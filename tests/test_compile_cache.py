@@ -335,9 +335,15 @@ def test_what_a_loaded_torch_would_use_outside_the_cache_is_said(tmp_path, monke
 
 def test_an_unloaded_torch_is_checked_on_import_and_a_missing_one_is_said(tmp_path, monkeypatch, no_torch):
     monkeypatch.delenv(compile_cache.ENV, raising=False)
-    monkeypatch.setattr(compile_cache.importlib.util, "find_spec", lambda name: object())  # torch has it: later
+    def spec_of(answer):
+        def find_spec(name):
+            assert name == compile_cache.TORCH_MODULE
+            return answer
+        return find_spec
+
+    monkeypatch.setattr(compile_cache.importlib.util, "find_spec", spec_of(object()))  # torch has it: later
     assert check(tmp_path) == []
-    monkeypatch.setattr(compile_cache.importlib.util, "find_spec", lambda name: None)  # this torch moved it
+    monkeypatch.setattr(compile_cache.importlib.util, "find_spec", spec_of(None))  # this torch moved it
     assert check(tmp_path) == [unpatched(f"{compile_cache.TORCH_MODULE}.default_cache_dir", "(not found)", tmp_path)]
 
 

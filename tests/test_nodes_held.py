@@ -1,11 +1,26 @@
 """A node's identity held as open namespace files (distlab.nodes.held), in this process (issue #60: mutated; starts
 no process): this test process stands in for a holder, its parent for the ``unshare`` that started it."""
 import os
+import signal
 
 import pytest
 
 from distlab.errors import NODE_GONE, NodesError
 from distlab.nodes import held
+
+
+@pytest.fixture(autouse=True)
+def no_waiting():
+    """alive() asks without waiting (a running holder's pidfd never turns readable): a test that waits fails
+    after 10 s instead of hanging."""
+    def waited(signum, frame):
+        raise TimeoutError("alive() waited for the holder to end")
+
+    old = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
 
 
 def open_fds() -> set[str]:
@@ -177,3 +192,30 @@ def test_a_mark_is_a_whole_entry_of_the_environment_a_process_started_with(monke
     assert not held.carries(os.getpid(), first[:-1]) and not held.carries(os.getpid(), first[1:])
     assert not held.carries(os.getpid(), "DISTLAB_SET_LATER=1")  # set after it started
     assert not held.carries(no_such_pid(), first)
+
+
+@pytest.fixture
+def fd0():
+    """Descriptor 0 as an empty pipe's read end: a process started with stdin closed gets 0 for its first open,
+    a pidfd or a namespace file included. Restored afterwards."""
+    saved = os.dup(0)
+    r, w = os.pipe()
+    os.dup2(r, 0)
+    os.close(r)
+    yield w
+    os.dup2(saved, 0)
+    os.close(saved)
+    os.close(w)
+
+
+def test_descriptor_0_is_a_descriptor_like_any_other(fd0):
+    node = held.Held("node 1", 1, 0, 0)
+    assert node.alive()  # an empty pipe: not readable, as a running process's pidfd
+    os.write(fd0, b"x")
+    assert not node.alive()
+
+
+def test_closing_closes_descriptor_0_too(fd0):
+    held.Held("node 1", 1, 0, -1, {"net": 0}).close()
+    with pytest.raises(OSError):
+        os.fstat(0)

@@ -33,6 +33,9 @@ def test_every_named_user_entry_is_read_to_the_last_whole_one():
                           + entry(door.ACL_USER, 1, 11)) == {10: 4, 11: 1}
     assert door.acl_users(head + entry(door.ACL_USER, 1, 11) + entry(door.ACL_USER, 5, 12)[:7]) == {11: 1}
     assert door.acl_users(head + entry(door.ACL_GROUP_OBJ, 1, 11)) == {} and door.acl_users(head) == {}
+    assert door.acl_users(door.acl_value(7, 4_000_000_000, 2)) == {4_000_000_000: 2}  # uids past 2**31 too
+    # read entry by entry: a mask of 2 read from the middle of its entry would look like a named user
+    assert door.acl_users(head + entry(door.ACL_MASK, 2) + entry(door.ACL_OTHER, 2)) == {}
 
 
 def test_the_kernel_keeps_the_acl_that_lets_one_user_in(tmp_path):
