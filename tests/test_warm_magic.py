@@ -188,8 +188,12 @@ def fake_shell():
                            displayhook=SimpleNamespace(), last_execution_result=SimpleNamespace())
 
 
+HELD = object()  # the Ranks asked about
+
+
 def holders(monkeypatch, *found):
-    monkeypatch.setattr(replaced.gc, "get_referrers", lambda obj: list(found))
+    """gc.get_referrers as held_only_by_history asks it: ``found`` hold HELD, nothing holds anything else."""
+    monkeypatch.setattr(replaced.gc, "get_referrers", lambda obj: list(found) if obj is HELD else [])
 
 
 def test_only_ipython_s_history_may_hold_a_replaced_ranks(monkeypatch):
@@ -201,15 +205,15 @@ def test_only_ipython_s_history_may_hold_a_replaced_ranks(monkeypatch):
                vars(shell.last_execution_result), DisplayHook.__new__(DisplayHook),
                ExecutionResult.__new__(ExecutionResult)]
     holders(monkeypatch, *history)
-    assert replaced.held_only_by_history(Ranks(), shell)
+    assert replaced.held_only_by_history(HELD, shell)
     for other in ({}, [], SimpleNamespace(), dict(shell.user_ns), sys._getframe()):
         holders(monkeypatch, *history, other)
-        assert not replaced.held_only_by_history(Ranks(), shell)
+        assert not replaced.held_only_by_history(HELD, shell)
     del shell.user_ns_hidden
     holders(monkeypatch, {})
-    assert not replaced.held_only_by_history(Ranks(), shell)
+    assert not replaced.held_only_by_history(HELD, shell)
     holders(monkeypatch, shell.user_ns)
-    assert replaced.held_only_by_history(Ranks(), shell)
+    assert replaced.held_only_by_history(HELD, shell)
 
 
 def test_its_own_frame_does_not_count(monkeypatch):
@@ -237,7 +241,7 @@ def test_end_replaced_closes_only_what_history_alone_holds(fresh, monkeypatch):
     replaced.end_replaced(shell, lambda: [a, b])
     shell.user_ns.clear()
     shell.user_ns["_"] = a
-    monkeypatch.setattr(replaced, "held_only_by_history", lambda ranks, shell: ranks is a)
+    monkeypatch.setattr(replaced, "held_only_by_history", lambda ranks, seen: ranks is a and seen is shell)
     replaced.end_replaced(shell, lambda: [a, b], result=object())
     assert (a.closed, b.closed) == (1, 0)
 
