@@ -227,10 +227,6 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.folders.private._checked_root", "check_ancestors(path.parent, None)",
      "vouched is False there: None is too"),
     ("distlab.folders.private._checked_root", "check_ancestors(path.parent, )", "vouched is False there: the default"),
-    ("distlab.folders.private.is_vouched", "open(mark, encoding=None)",
-     "the mark holds a path written in the locale's codec, UTF-8 wherever distlab runs its tests"),
-    ("distlab.folders.private.is_vouched", "open(mark, )", "as above: the locale's codec"),
-    ("distlab.folders.private.is_vouched", 'encoding="UTF-8"', "a codec name's case does not matter"),
     ("distlab.folders.private.open_private", 'getattr(os, "O_NOFOLLOW", None)', "the name exists on Linux"),
     ("distlab.folders.private.open_private", 'getattr(os, "O_NOFOLLOW", )', "the name exists on Linux"),
     ("distlab.folders.private.open_private", 'getattr(os, "O_NOFOLLOW", 1)', "the name exists on Linux"),
@@ -254,15 +250,6 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.folders.runfolder.prune", "is_dir(follow_symlinks=None)", "DirEntry reads None as False"),
     # --- compat (lead) ---
     ("distlab.launch.compat.check_torch", 'or "XXXX"', "a store without a docstring lacks master_listen_fd either way"),
-    # mutmut calls warn_once through a frame of its own, so under mutation no stacklevel points where it does in
-    # use; tests/test_stdlib_guard.py checks the warning names the caller's line outside mutation
-    ("distlab.forkserver.stdlib.warn_once", "stacklevel=4", "mutmut's own frame shifts the warning's location"),
-    ("distlab.forkserver.stdlib.warn_once", "RuntimeWarning, )", "mutmut's own frame shifts the warning's location"),
-    # --- private (lead) ---
-    ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", None)', "Linux has O_CLOEXEC"),
-    ("distlab.folders.private.stale_dirs", "is_dir(follow_symlinks=None)", "DirEntry reads None as False"),
-    ("distlab.folders.private.private_root", "RuntimeWarning, )", "mutmut's own frame shifts the warning's location"),
-    ("distlab.folders.private.private_root", "stacklevel=4", "mutmut's own frame shifts the warning's location"),
     # --- mut-coll ---
     # op_name upper-cases an op's name before it looks it up: "sum" is "SUM"
     ("distlab.teach.collective_results.combine", 'op="sum"', "op_name upper-cases it: the same op"),
@@ -292,6 +279,34 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     ("distlab.teach.collective_results.check_reduce_scatter", "torch.as_tensor(got, )",
      "same() compares in float64 either way"),
     ("distlab.teach.models.DummyDataset.__init__", "torch.randint(2, (size,)", "randint's low is 0 by default"),
+    # --- mut-misc ---
+    ("distlab.folders.private.open_private", 'getattr(os, "O_CLOEXEC", None)', "the name exists on Linux"),
+    ("distlab.folders.private.stale_dirs", "entry.is_dir(follow_symlinks=None)", "None is false, as False is"),
+    # a folder of yours that exists already: exist_ok=False raises FileExistsError, an OSError, which is suppressed
+    ("distlab.folders.compile_cache.use_private_cache", "os.makedirs(chosen, PRIVATE_DIR, exist_ok=None)",
+     "nothing to make: the error is suppressed"),
+    ("distlab.folders.compile_cache.use_private_cache", "os.makedirs(chosen, PRIVATE_DIR, )",
+     "nothing to make: the error is suppressed"),
+    ("distlab.folders.compile_cache.use_private_cache", "os.makedirs(chosen, PRIVATE_DIR, exist_ok=False)",
+     "nothing to make: the error is suppressed"),
+    # a pidfd or a namespace file: os.open makes every descriptor non-inheritable anyway (PEP 446)
+    ("distlab.nodes.held.hold", "os.O_RDONLY & os.O_CLOEXEC", "os.open sets close-on-exec itself"),
+    ("distlab.nodes.held.Held.alive", "poller.poll(1)", "a 1 ms wait: the same answer, a millisecond later"),
+    ("distlab.nodes.held.Held.alive", "poller.register(self.pidfd, )",
+     "a pidfd signals only POLLIN (its process ended): the default mask asks the same"),
+    # stderr is line-buffered (Python 3.9+) and the text ends with print's newline
+    ("distlab.slurm.door._say", "flush=None", "the newline flushes stderr"),
+    ("distlab.slurm.door._say", "flush=False", "the newline flushes stderr"),
+    ("distlab.slurm.door._say", "file=sys.stderr, )", "the newline flushes stderr"),
+    ("distlab.slurm.door.acl_value", 'struct.pack("<i", ACL_VERSION)', "version 2 packs to the same four bytes"),
+    ("distlab.slurm.door.grant_only", "follow_symlinks=None", "None is false, as False is"),
+    # os.chmod sets 0711 right after each os.mkdir, whatever mode mkdir made it with (inside the door: root's)
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool", )', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool", 458)', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool" / host, )', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "spool" / host, 458)', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "jobs", )', "the chmod after it sets the mode"),
+    ("distlab.slurm.door.make_door", 'os.mkdir(door / "jobs", 458)', "the chmod after it sets the mode"),
 ]
 
 

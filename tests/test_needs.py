@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import pytest
 
@@ -273,3 +274,145 @@ def test_the_note_is_a_box_in_html_and_one_line_in_plain_text(shown):
 ])
 def test_each_claim_is_its_comment_or_its_code_cut_at_the_limit(body, claim):
     assert recorded.checked(body) == recorded.CHECKED.format(claims=claim)
+
+
+# --- the probes, with the checks they make stubbed (#60: probe.py mutated; no process started) ----------------
+
+@pytest.fixture
+def checks(monkeypatch):
+    """What the probes' checks say: an exception to raise (or None) each, and how often they ran."""
+    from distlab.needs import probe as probe_module
+
+    state = {"nodes": None, "slurm": None, "accounting": None, "runs": 0, "on_nodes": []}
+
+    def check_possible():
+        state["runs"] += 1
+        if state["nodes"] is not None:
+            raise state["nodes"]
+
+    def check_can_start():
+        if state["slurm"] is not None:
+            raise state["slurm"]
+
+    def accounting(on_nodes=False):
+        state["on_nodes"].append(on_nodes)
+        return state["accounting"]
+
+    monkeypatch.setattr(probe_module.namespaces, "check_possible", check_possible)
+    monkeypatch.setattr(probe_module, "check_can_start", check_can_start)
+    monkeypatch.setattr(probe_module.accounting, "problem", accounting)
+    monkeypatch.setattr(probe_module, "_FACTS", None)
+    return state
+
+
+def test_each_probe_keeps_the_text_of_the_error_its_check_raises(checks):
+    from distlab.errors import NodesError
+    from distlab.slurm.errors import ClusterError
+
+    assert probe.nodes_problem() is None and probe.slurm_problem() is None
+    checks["nodes"], checks["slurm"] = NodesError(CONTAINER), ClusterError("it needs root", "Run as root.")
+    assert probe.nodes_problem() == CONTAINER
+    assert probe.slurm_problem() == str(ClusterError("it needs root", "Run as root."))
+    checks["nodes"] = FileNotFoundError(2, "No such file or directory", "unshare")
+    assert probe.nodes_problem() == ("distlab: cannot start nodes: [Errno 2] No such file or directory: 'unshare'. "
+                                     "Install util-linux (Debian: apt-get install util-linux).")
+
+
+def test_the_facts_are_probed_once_per_kernel_unless_asked_again(checks):
+    from distlab.errors import NodesError
+    from distlab.slurm.errors import ClusterError
+
+    facts = probe.facts()
+    assert facts == Facts(None, None, None) and probe.facts() is facts and checks["runs"] == 1
+    checks["nodes"], checks["accounting"] = NodesError(CONTAINER), NO_DBD
+    assert probe.facts() is facts and checks["runs"] == 1
+    checks["slurm"] = ClusterError("it needs root", "Run as root.")
+    fresh = probe.facts(fresh=True)
+    assert fresh == Facts(CONTAINER, str(checks["slurm"]), NO_DBD) and checks["runs"] == 2
+    assert probe.facts() is fresh
+    assert checks["on_nodes"] == [True, False]  # accounting asks whether the cluster will have nodes
+
+
+@pytest.mark.parametrize("facts, holding", [
+    (Facts(None, None), ["nodes", "slurm", "slurm-nodes"]),
+    (Facts(CONTAINER, None), ["slurm"]),
+    (Facts(None, NOT_ROOT), ["nodes"]),
+])
+def test_holds_answers_for_this_machine(checks, monkeypatch, facts, holding):
+    monkeypatch.setattr(probe, "_FACTS", facts)
+    assert [r for r in ("nodes", "slurm", "slurm-nodes") if probe.holds(r)] == holding
+    with pytest.raises(ValueError):
+        probe.holds("gpus")
+
+
+def test_a_failing_cell_s_traceback_shows_the_cell_not_the_magic(shell, capsys):
+    """The magic's own frames are hidden (__tracebackhide__): the learner sees the cell's line that failed."""
+    probe._FACTS = Facts(None, None)
+    assert not run(shell, "%%needs nodes\nx = 1\n1 / 0\n").success
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # IPython's colours
+    assert "ZeroDivisionError" in out and "1 / 0" in out and not re.search(r"in \w*(run_here|needs_magic)", out), out
+
+
+# --- the magic's parts with a stand-in shell (#60: mutation) ----------------------------------------------------
+
+class CellShell:
+    """What run_here asks of IPython: the cell's transformed code, and a name for it in linecache."""
+
+    execution_count = 7
+
+    def __init__(self):
+        self.user_ns: dict = {}
+        self.cached: list = []
+        self.compile = self
+
+    def transform_cell(self, cell):
+        return cell.replace("%time ", "")
+
+    def cache(self, code, number, raw_code=None):
+        self.cached.append((code, number, raw_code))
+        return f"<cell {number}>"
+
+
+def test_a_cell_is_registered_under_its_number_with_its_own_text():
+    shell = CellShell()
+    assert magic.run_here(shell, "%time x = 1\nx + 1\n") == 2 and shell.user_ns["x"] == 1
+    assert shell.cached == [("x = 1\nx + 1\n", 7, "%time x = 1\nx + 1\n")]
+    assert magic.run_here(shell, "y = 2\n") is None and shell.user_ns["y"] == 2  # no last expression: no value
+    assert magic.run_here(shell, "y;") is None                                   # a ; hides it
+    with pytest.raises(SyntaxError) as bad:
+        magic.run_here(shell, "z = (\n")
+    assert bad.value.filename == "<cell 7>"  # where IPython's traceback finds the cell's lines
+
+
+def test_a_requirement_not_known_is_said_as_parse_says_it(shell):
+    result = run(shell, "%%needs gpus\nprint('ran')\n")
+    with pytest.raises(ValueError) as parsed:
+        verdict.parse("gpus")
+    assert str(result.error_in_exec) == str(parsed.value)
+
+
+def test_reloading_the_extension_stays_possible_after_each_cell(shell, monkeypatch):
+    assert "distlab.needs" not in shell.extension_manager.loaded  # the cell that loaded it has run
+    run(shell, "x = 1")
+    assert "distlab.needs" not in shell.extension_manager.loaded
+    shell.extension_manager.loaded.add("distlab.needs")
+    magic.forget_loaded(object())
+    assert "distlab.needs" not in shell.extension_manager.loaded
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    magic.forget_loaded()  # outside IPython: nothing to forget
+
+
+def test_outside_ipython_a_skipped_cell_still_says_why_and_what_is_missing(shown, monkeypatch, tmp_path):
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    monkeypatch.setattr(magic, "_EXPLAINED", {})
+    monkeypatch.setattr(magic, "_LAST_SKIPPED", {"count": None, "requirement": None})
+    monkeypatch.setattr(recorded, "find", lambda requirement, cell: None)
+    monkeypatch.setattr(probe, "_FACTS", Facts(CONTAINER, None))
+    assert magic.needs_magic("nodes", "print('never recorded')\n") is None
+    said = [args[0]["text/plain"] for args, _ in shown]
+    assert said[-1] == recorded.NO_RECORDING.format(what=verdict.WHAT["nodes"]) and len(said) == 2
+    assert magic._LAST_SKIPPED == {"count": None, "requirement": "nodes"}

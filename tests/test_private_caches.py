@@ -13,90 +13,9 @@ import pytest
 from second_user import as_other
 
 import distlab
-from distlab.errors import RunFolderError
 from distlab.folders import compile_cache, privtmp
 
-# --- the compile cache: pure rule and fallback ------------------------------------------------------
-
-def test_the_compile_cache_goes_under_the_runs_root_unless_the_user_chose_one(tmp_path):
-    assert compile_cache.wanted({}, tmp_path) == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "compile-cache")}
-    assert compile_cache.wanted({"TORCHINDUCTOR_CACHE_DIR": "/mine"}, tmp_path) == {}
-
-
-def test_a_runs_root_that_cannot_be_used_gives_a_fresh_private_folder_not_the_shared_name(monkeypatch):
-    def refused():
-        raise RunFolderError("no root")
-
-    monkeypatch.setattr("distlab.folders.private.private_root", refused)
-    env: dict = {}
-    folder = compile_cache.use_private_cache(env)
-    try:
-        assert env == {"TORCHINDUCTOR_CACHE_DIR": folder} and "torchinductor_" not in folder
-        assert os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(folder).st_uid == os.getuid()
-    finally:
-        os.rmdir(folder)
-
-
-
-def test_torch_s_own_default_or_a_folder_others_could_write_counts_as_unset(tmp_path):
-    """Before: any TORCHINDUCTOR_CACHE_DIR was the user's choice, torch's shared default included (torch sets
-    it when torch._dynamo or torch._inductor is imported before distlab)."""
-    root = tmp_path / "root"
-    private = {"TORCHINDUCTOR_CACHE_DIR": str(root / "compile-cache")}
-    default = compile_cache.shared_default()
-    assert default == os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
-    assert compile_cache.wanted({"TORCHINDUCTOR_CACHE_DIR": default}, root) == private
-    opened, mine = tmp_path / "open", tmp_path / "mine"
-    opened.mkdir(mode=0o700)
-    os.chmod(opened, 0o777)
-    mine.mkdir(mode=0o700)
-    assert compile_cache.wanted({"TORCHINDUCTOR_CACHE_DIR": str(opened)}, root) == private
-    assert compile_cache.distrust(str(opened)) == "is writable by others (mode 777)"
-    assert compile_cache.distrust(str(mine)) is None
-    assert compile_cache.distrust(str(mine), uid=os.getuid() + 1) == f"belongs to uid {os.getuid()}, not you"
-    assert compile_cache.distrust(default).startswith("is torch's shared default")
-
-
-def test_a_cache_folder_others_could_write_is_replaced_with_a_warning(tmp_path, monkeypatch):
-    patched = []
-    monkeypatch.setattr(compile_cache, "replace_default_cache_dir", patched.append)
-    opened = tmp_path / "open"
-    opened.mkdir()
-    os.chmod(opened, 0o777)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(opened)}
-    with pytest.warns(RuntimeWarning) as caught:
-        folder = compile_cache.use_private_cache(env)
-    assert str(caught[0].message) == compile_cache.CACHE_REPLACED.format(
-        folder=opened, why="is writable by others (mode 777)", private=folder)
-    assert env == {"TORCHINDUCTOR_CACHE_DIR": folder} and patched == [folder] and folder != str(opened)
-
-
-def test_the_user_s_own_folder_is_kept_and_still_gets_the_header_folder(tmp_path, monkeypatch):
-    patched = []
-    monkeypatch.setattr(compile_cache, "replace_default_cache_dir", patched.append)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}
-    assert compile_cache.use_private_cache(env) is None
-    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")} and patched == [str(tmp_path / "mine")]
-    assert os.stat(tmp_path / "mine").st_mode & 0o777 == 0o700  # made by distlab, for you alone
-
-
-def test_a_torch_that_moved_what_distlab_patches_is_said_not_ignored(tmp_path, monkeypatch):
-    """Before: the import hook waited for a module name that a newer torch might not have, and did nothing."""
-    import types
-
-    moved = types.ModuleType(compile_cache.TORCH_MODULE)  # a torch without default_cache_dir there
-    codecache = types.ModuleType(compile_cache.HEADERS_MODULE)
-    codecache._HEADER_DIR = os.path.join(compile_cache.shared_default(), "precompiled_headers")
-    monkeypatch.setitem(sys.modules, compile_cache.TORCH_MODULE, moved)
-    monkeypatch.setitem(sys.modules, compile_cache.HEADERS_MODULE, codecache)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    with pytest.warns(RuntimeWarning) as caught:
-        compile_cache.check_loaded(str(tmp_path))
-    said = [str(w.message) for w in caught]
-    assert said == [compile_cache.CACHE_UNPATCHED.format(what=f"{compile_cache.TORCH_MODULE}.default_cache_dir",
-                                                         folder="(not found)", private=tmp_path),
-                    compile_cache.CACHE_UNPATCHED.format(what=f"{compile_cache.HEADERS_MODULE}._HEADER_DIR",
-                                                         folder=codecache._HEADER_DIR, private=tmp_path)]
+# --- the compile cache in fresh interpreters (its pure rules: tests/test_compile_cache.py) ---------
 
 
 BEFORE_DISTLAB = """
@@ -152,7 +71,6 @@ def _env_in(shared_tmp: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_compile_never_uses_an_inductor_folder_another_user_made_first(other_user, shared_tmp):
-    import getpass
 
     planted = shared_tmp / f"torchinductor_{getpass.getuser()}"  # the name torch would use
     made = as_other(f"mkdir -m 0777 {planted} && chmod 0777 {planted}")
@@ -180,7 +98,6 @@ def test_the_user_s_own_compile_cache_folder_is_kept(tmp_path):
 
 def where_temp_and_cache_are(rank=None):
     import os
-    import tempfile
 
     return {"tmp": tempfile.gettempdir(), "TMPDIR": os.environ.get("TMPDIR"),
             "cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "runs": os.environ.get("DISTLAB_RUNS")}

@@ -267,6 +267,15 @@ def test_private_files_take_text_or_bytes(tmp_path):
     assert fds is None or len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_a_file_object_that_cannot_be_made_raises_its_own_error_and_leaves_no_descriptor(tmp_path):
+    """The descriptor is open()'s once it exists: closing it again raised EBADF in place of the real error."""
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(LookupError, match="no-such-codec"):
+        private.open_private(tmp_path / "t", "w", encoding="no-such-codec")
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert stat.S_IMODE((tmp_path / "t").stat().st_mode) == 0o600  # made private before the codec was looked up
+
+
 def test_where_the_root_goes_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv(private.ENV, "~/runs")
@@ -292,9 +301,9 @@ def test_a_process_is_alive_unless_the_kernel_says_it_is_gone(monkeypatch):
     assert not private.pid_alive(123)
     monkeypatch.setattr(private.os, "kill", lambda pid, sig: kill(pid, sig, PermissionError()))
     assert private.pid_alive(124)
-    assert signals == [(123, 0), (124, 0)]  # signal 0 only asks: checked before a real kill is sent
+    assert signals == [(123, 0), (124, 0)]  # signal 0: asked, never sent
     monkeypatch.undo()
-    assert private.pid_alive(os.getpid())
+    assert private.pid_alive(os.getpid())  # last: any other signal would end this very process
 
 
 def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_so_once(tmp_path, monkeypatch):
@@ -320,9 +329,14 @@ def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_s
     with pytest.warns(RuntimeWarning) as caught:
         assert a_caller() == fallback  # the line the warning names
     assert len(caught) == 1
-    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut calls every function through a frame of its own
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut calls every function through frames of its own
         named = open(__file__).read().splitlines()[caught[0].lineno - 1]
         assert caught[0].filename == __file__ and "# the line the warning names" in named
+    levels: list = []  # and the level asked for, which holds under mutation too
+    with monkeypatch.context() as m:
+        m.setattr(private, "_WARNED", set())
+        m.setattr(warnings, "warn", lambda *args, stacklevel=1: levels.append(stacklevel))
+        assert a_caller() == fallback and levels == [3]  # private_root <- RunFolder.create <- its caller
     assert str(caught[0].message) == message(
         theirs, f"it belongs to {user(OTHER)}, not to you ({user(os.geteuid())})",
         "Someone else created it first: set DISTLAB_RUNS to a folder of yours "

@@ -79,6 +79,17 @@ def test_a_root_checked_outside_is_trusted_inside_under_folders_that_show_as_nob
     assert private.private_root(host_folder / "runs") == root  # an agent or rank on a node
 
 
+def test_the_mark_holds_the_roots_own_bytes_whatever_the_locale_and_the_name(host_folder, monkeypatch):
+    """Written in the locale's codec and read as UTF-8, the mark of a root whose name is not UTF-8 (or under a
+    non-UTF-8 locale, any non-ASCII name) could not be written or never matched: both sides use the path's bytes."""
+    runs = host_folder / os.fsdecode(b"runs-\xff-\xc3\xa9")
+    root = private.private_root(runs)
+    assert (root / private.VOUCHED).read_bytes() == os.fsencode(root) + b"\n"
+    assert private.is_vouched(root)
+    seen_from_the_nodes(monkeypatch, host_folder)
+    assert private.private_root(runs) == root
+
+
 def test_without_the_mark_of_an_outside_check_a_folder_that_shows_as_nobody_is_refused(host_folder, monkeypatch):
     seen_from_the_nodes(monkeypatch, host_folder)
     with pytest.raises(RunFolderError) as refused:

@@ -133,7 +133,7 @@ def test_every_name_gone_is_listed_and_by_default_this_python_is_asked(monkeypat
     assert stdlib.problem((3, 13, 0)) == "this Python's multiprocessing lacks multiprocessing.util.close_fds"
 
 
-def test_a_warning_is_given_once_and_points_at_the_caller_of_distlabs_function(fresh):
+def test_a_warning_is_given_once_and_points_at_the_caller_of_distlabs_function(fresh, monkeypatch):
     def distlab_function():
         stdlib.warn_once("a reason", "a fallback")
 
@@ -141,8 +141,11 @@ def test_a_warning_is_given_once_and_points_at_the_caller_of_distlabs_function(f
         distlab_function()  # the line the warning names
         distlab_function()
     assert [str(w.message) for w in caught] == ["distlab: a reason; a fallback"]
-    if "MUTANT_UNDER_TEST" in os.environ:
-        return  # mutmut calls every function through a frame of its own: the warning points one frame off
-    assert caught[0].filename == __file__
-    named = open(__file__).read().splitlines()[caught[0].lineno - 1]
-    assert "distlab_function()  # the line the warning names" in named
+    if "MUTANT_UNDER_TEST" not in os.environ:  # mutmut calls every function through frames of its own
+        named = open(__file__).read().splitlines()[caught[0].lineno - 1]
+        assert caught[0].filename == __file__ and "distlab_function()  # the line the warning names" in named
+    levels: list = []  # and the level asked for, which holds under mutation too
+    monkeypatch.setattr(stdlib, "_warned", set())
+    monkeypatch.setattr(stdlib.warnings, "warn", lambda *args, stacklevel=1: levels.append(stacklevel))
+    distlab_function()
+    assert levels == [3]  # warn_once <- distlab's function <- its caller

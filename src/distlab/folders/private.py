@@ -204,15 +204,14 @@ def _user(uid: int) -> str:
 
 
 def open_private(path: Path, mode: str = "w", **kwargs):
-    """Open for writing a file only you can read (0600); never follows a symbolic link."""
+    """Open for writing a file only you can read (0600); never follows a symbolic link.
+
+    ``open`` calls the opener and owns the descriptor from then on: it closes it itself where the file
+    object cannot be made (an unknown codec, say), so that error is the one raised. A descriptor closed
+    here as well would be closed twice (EBADF in place of the real error, or another thread's file)."""
     flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     flags |= os.O_APPEND if mode.startswith("a") else os.O_TRUNC
-    fd = os.open(path, flags, PRIVATE_FILE)
-    try:
-        return os.fdopen(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
+    return open(path, mode, opener=lambda name, _flags: os.open(name, flags, PRIVATE_FILE), **kwargs)
 
 
 def write_private(path: Path, data: str | bytes) -> None:
@@ -303,7 +302,13 @@ def vouch(root: Path) -> None:
     in the root, so only your own check can have left it."""
     mark = root / VOUCHED
     if not is_vouched(root):
-        write_private(mark, f"{root}\n")
+        write_private(mark, vouch_mark(root))
+
+
+def vouch_mark(root: Path) -> bytes:
+    """What the mark holds: the root's path as the file system spells it, one line. Bytes, written and
+    read as they are: no codec (the locale's or UTF-8) stands between, and any name a folder can have fits."""
+    return os.fsencode(root) + b"\n"
 
 
 def is_vouched(root: Path) -> bool:
@@ -315,9 +320,9 @@ def is_vouched(root: Path) -> bool:
         if not (is_private_dir(root) and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
                 and not st.st_mode & 0o077):
             return False
-        with open(mark, encoding="utf-8") as f:
-            return f.read() == f"{root}\n"
-    except (OSError, UnicodeDecodeError):
+        with open(mark, "rb") as f:
+            return f.read() == vouch_mark(root)
+    except OSError:
         return False
 
 
