@@ -246,6 +246,33 @@ EQUIVALENT: list[tuple[str, str, str]] = [
     # the entry is a real folder by then (is_dir(follow_symlinks=False) let it through): following changes nothing
     ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=None)", "a folder, not a link"),
     ("distlab.folders.private.stale_dirs", "entry.stat(follow_symlinks=True)", "a folder, not a link"),
+    # --- mut-teach ---
+    ("distlab.teach.zero.deepspeed_fp32_bytes", "zero_bytes(psi, world_size, stage, )",
+     "fp32 is zero_bytes's default precision"),
+    ("distlab.teach.zero.check_adam_scale", "adam_update_ratio(3.0)",
+     "Adam is scale-invariant to float32's precision: the measured ratio is exactly 1.0 for 3 as for 2"),
+    ("distlab.teach.zero.adam_update_ratio", "for s in (2.0, scale)",
+     "the same reason: the unscaled run's summed moves equal the run scaled by 2, to float32's precision"),
+    ("distlab.teach.zero.adam_update_ratio", "torch.optim.Adam([p], )", "1e-3 is Adam's default learning rate"),
+    ("distlab.teach.zero.adam_update_ratio", "lr=1.001)",
+     "the learning rate scales both runs' moves alike: their ratio does not depend on it"),
+    ("distlab.teach.zero.grad_bytes", "if (optimizer is not None) or True else []",
+     "getattr(None, name, None) is None: without an optimizer there is no buffer either way"),
+    ("distlab.teach.zero.grad_bytes", "if (p.grad is None) and False else _local(p.grad)",
+     "_local(None) is None: a parameter without a gradient is skipped either way"),
+    ("distlab.teach.practice.max_rel_gap", "zip(a, b, strict=None)", "the lengths were checked just above"),
+    ("distlab.teach.practice.max_rel_gap", "zip(a, b, )", "the lengths were checked just above"),
+    ("distlab.teach.practice.max_rel_gap", "zip(a, b, strict=False)", "the lengths were checked just above"),
+    ("distlab.teach.p2p.simulate", "progress = None", "progress is only tested for truth: None is False"),
+    ("distlab.teach.zero.reference_losses", "torch.set_num_threads(2)",
+     "a tiny model's operations are not split over threads: the count only changes the speed"),
+    ("distlab.teach.zero._simulate", "range(world_size + 1 if not average else 0)",
+     "an extra copy that no rank (r % len(models)) trains changes no loss"),
+    ("distlab.teach.zero._simulate", "rank=r, ) for r", "shuffle=True is DistributedSampler's default"),
+    ("distlab.teach.zero._simulate", "zip(*loaders, strict=None)",
+     "DistributedSampler pads every rank to the same number of samples: the loaders are equally long"),
+    ("distlab.teach.zero._simulate", "zip(*loaders, )", "as above: the loaders are equally long"),
+    ("distlab.teach.zero._simulate", "zip(*loaders, strict=False)", "as above: the loaders are equally long"),
 ]
 
 

@@ -409,6 +409,7 @@ def test_practice_answers_within_a_tenth_of_a_percent_count():
     assert raised(practice.check_unused_grad, 0.2 * 0.99899, 0.8, 4, 1).startswith("Not quite: 0.1997")
     assert practice.check_unused_grad(0, 0.8, 4, 0) is True           # nobody used it: exactly 0
     assert raised(practice.check_unused_grad, 1e-9, 0.8, 4, 0).startswith("Not quite: 1e-09")
+    assert practice.check_unused_grad(1e-12, 0.8, 4, 0) is True          # the 1e-12 slack itself still counts
     for answer in ("a lot", [0.2], object()):
         assert raised(practice.check_unused_grad, answer, 0.8, 4, 1).startswith(f"Not quite: {answer!r}.")
 
@@ -455,4 +456,25 @@ def test_warmup_from_the_default_start_and_after_its_end():
     assert practice.warmup_lr(3, 0.8, 4, start_lr=0.0) == pytest.approx(0.6)
     assert practice.warmup_lr(-1, 0.8, -2) == 0.8 == practice.warmup_lr(-1, 0.8, 0)   # no warm-up: the peak at once
     assert practice.warmup_lr(0, 0.8, 1, start_lr=0.1) == 0.1                          # one warm-up step: step 0
+    assert practice.warmup_lr(4, 0.9, 4, start_lr=0.2) == 0.9       # exactly the peak from the warm-up's end on
     assert practice.linear_scaled_lr(0.1, 256, 128) == pytest.approx(0.05)
+
+
+def test_a_kind_carried_by_two_groups_adds_up_in_the_messages():
+    from distlab.teach import splitcost
+
+    cost = splitcost._cost(1.0, "mesh", ({"all_reduce": 10, "send": 1}, 2), ({"all_reduce": 5}, 4))
+    assert cost.messages == {"all_reduce": 15, "send": 1}
+    assert cost.wire == pytest.approx(10 + 1 + 5 * 1.5)
+
+
+def test_costs_table_rounds_kilobytes_of_every_column():
+    row = beyond.costs_table({"X": beyond.Cost(1050, 1050, "l")}, {"X": (1050, 1050)}).splitlines()[1]
+    assert row == "X            l                             1.1       1.1           1.1       1.1"
+
+
+def test_beyond_checkers_at_their_edges(capsys):
+    assert beyond.check_bubble(1e-12, stages=1, microbatches=8) is True       # the 1e-12 slack itself still counts
+    capsys.readouterr()
+    assert beyond.check_fsdp_bytes(3.75e8, psi=46_875_000, world=2) is True     # 0.375 GB exactly
+    assert capsys.readouterr().out == "correct: 0.38 GB per rank\n"

@@ -85,6 +85,7 @@ def test_average_of_three_and_drift_over_three_ranks():
     assert ch3.average(ws)["w"].tolist() == [3.0]
     history = {2: [ws[0], ws[2]], 0: [ws[0], ws[1]], 1: [ws[1], ws[0]]}
     assert ch3.drift(history) == [1.0, 4.0]       # against rank 0 (the smallest rank), however the dict is ordered
+    assert ch3.average(ws[:1])["w"].tolist() == [1.0]          # one rank: its own values
 
 
 def test_check_diverged_word_for_word(capsys):
@@ -106,6 +107,9 @@ def test_check_diverged_word_for_word(capsys):
     assert "(largest difference 9.54e-07)" in raised(ch3.check_diverged, {0: a, 1: {"w": torch.tensor([1 + 2 ** -20])}})
     ch3.check_diverged({0: a, 1: {"w": torch.tensor([1.0 + 2 ** -19])}})   # above the default 1e-6
     ch3.check_diverged({0: a, 1: a, 2: b})                                # any rank that differs will do
+    capsys.readouterr()
+    ch3.check_diverged({0: a, 1: b, 2: {"w": torch.tensor([2.0])}})        # measured against rank 0
+    assert capsys.readouterr().out.startswith("correct: the replicas differ by up to 1.00e+00.")
 
 
 def test_check_why_identical_word_for_word(capsys):
