@@ -12,6 +12,22 @@ from distlab.teach.p2p import (
 )
 
 
+@pytest.fixture(autouse=True)
+def quick():
+    """Fail any test here whose simulation does not end within 2 s: a model that never stops finding progress
+    would hang the chapter's cell instead of naming the deadlock."""
+    def too_slow(signum, frame):
+        raise TimeoutError("simulate did not end")
+
+    old = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_two_receives_first_deadlock_with_both_ranks_in_recv():
     out = simulate({0: [("recv", 1), ("send", 1)], 1: [("recv", 0), ("send", 0)]})
     assert not out.completed
@@ -94,23 +110,7 @@ def test_check_shift_right_on_real_ranks_results(capsys):
 
 # --- word for word, and the edges (issue #60) --------------------------------------------------
 
-@pytest.fixture
-def quick():
-    """Fail a test whose simulation does not end within 2 s: a model that never stops finding progress
-    would hang the chapter's cell instead of naming the deadlock."""
-    def too_slow(signum, frame):
-        raise TimeoutError("simulate did not end")
-
-    old = signal.signal(signal.SIGALRM, too_slow)
-    signal.setitimer(signal.ITIMER_REAL, 2.0)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def test_simulate_ends_on_a_deadlock_and_after_the_last_message(quick):
+def test_simulate_ends_on_a_deadlock_and_after_the_last_message():
     stuck = simulate({0: [("recv", 1), ("send", 1)], 1: [("recv", 0), ("send", 0)]})
     assert stuck.stuck == {0: ("recv", 1), 1: ("recv", 0)} and stuck.messages == []
     done = simulate({0: [("send", 1), ("recv", 1)], 1: [("recv", 0), ("send", 0)]})
