@@ -229,43 +229,6 @@ def test_exercise_checks_of_chapter_2(capsys):
         ch2.check_store_counter(3, world_size=2, adds_per_rank=3)
 
 
-# --- chapter 3 ----------------------------------------------------------------------------------
-
-def test_snapshot_is_a_copy():
-    model = ToyModel()
-    snap = ch3.snapshot(model)
-    with torch.no_grad():
-        model.net1.weight += 1
-    assert ch3.max_abs_diff(snap, ch3.snapshot(model)) == pytest.approx(1.0)
-
-
-def test_max_abs_diff_average_and_drift():
-    a, b = {"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 2.0])}
-    assert ch3.max_abs_diff(a, b) == 2.0
-    assert ch3.average([a, b])["w"].tolist() == [2.0, 2.0]
-    with pytest.raises(KeyError):
-        ch3.max_abs_diff(a, {"v": torch.zeros(2)})
-    assert ch3.drift({0: [a, a], 1: [a, b]}) == [0.0, 2.0]
-
-
-def test_check_diverged(capsys):
-    same = ch3.snapshot(ToyModel())
-    with pytest.raises(AssertionError, match="still identical"):
-        ch3.check_diverged({0: same, 1: same})
-    with pytest.raises(AssertionError, match="every rank"):
-        ch3.check_diverged({0: same, 1: None})
-    ch3.check_diverged({0: same, 1: ch3.snapshot(ToyModel())})
-    assert capsys.readouterr().out.startswith("correct")
-
-
-def test_check_why_identical(capsys):
-    ch3.check_why_identical(" B ")
-    assert capsys.readouterr().out.startswith("correct")
-    for wrong, hint in [("a", "once"), ("c", "different slice"), ("d", "backward"), ("z", "Choose one")]:
-        with pytest.raises(AssertionError, match=hint):
-            ch3.check_why_identical(wrong)
-
-
 # --- plots --------------------------------------------------------------------------------------
 
 def test_plots_return_figures():
@@ -332,14 +295,6 @@ def test_torchrun_figure_draws_agent_store_and_one_worker_per_rank():
     assert "torchrun\n(elastic agent)" in texts and "TCPStore\nMASTER_ADDR:MASTER_PORT" in texts
     assert [t for t in texts if t.startswith("rank ")] == [f"rank {r}\nRANK={r} LOCAL_RANK={r}" for r in range(3)]
     assert texts.count("gloo / NCCL") == 2  # one link between each pair of neighbouring boxes
-
-
-def test_check_buffers_to_save(capsys):
-    ch3.check_buffers_to_save(" B")
-    assert capsys.readouterr().out.startswith("correct")
-    for wrong, hint in [("a", "differs from rank 0's"), ("c", "does not average"), ("x", "Choose one")]:
-        with pytest.raises(AssertionError, match=hint):
-            ch3.check_buffers_to_save(wrong)
 
 
 def test_worker_cores_hands_out_the_cores_this_process_may_use_in_turn():

@@ -118,7 +118,7 @@ def check_hook_bytes(answer, model: nn.Module, hook: str, rank: int = 1) -> bool
         return False
     expected = {"fp16": param_bytes(model, 2), "bf16": param_bytes(model, 2),
                 "powersgd": powersgd_bytes(model, rank)}[hook]
-    if _close(answer, param_bytes(model)) and hook != "none":
+    if _close(answer, param_bytes(model)):
         raise AssertionError(f"{answer!r} is the uncompressed fp32 gradient. What does the {hook} hook send instead?")
     assert _close(answer, expected), (
         f"Not quite: {answer!r}. fp16/bf16 send 2 bytes per gradient element; PowerSGD sends (n + m) * rank "
