@@ -93,3 +93,25 @@ def module_runs_root(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DISTLAB_RUNS", str(root))
         yield root
+
+
+def _mutation_durations() -> dict:
+    """Each selected test's time, as mutmut measured it: only in a mutation run (bench/mutation.py), whose
+    tests run in mutants/ next to mutmut-stats.json. Read once, when the forkserver that forks every
+    mutant's run imports this file."""
+    import json
+
+    try:
+        return json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+_MUTATION_DURATIONS = _mutation_durations()
+
+
+def pytest_collection_modifyitems(items):
+    """A mutant's tests run fastest first, as mutmut's plain runner orders them (its forkserver does not):
+    most mutants fail their quickest test, and ``-x`` stops there."""
+    if _MUTATION_DURATIONS and os.environ.get("MUTANT_UNDER_TEST", "").startswith("distlab."):
+        items.sort(key=lambda item: _MUTATION_DURATIONS.get(item.nodeid, 0.0))

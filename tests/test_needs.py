@@ -62,6 +62,18 @@ def test_the_line_leads_with_what_this_platform_refuses_and_where_the_section_ru
     assert verdict.verdict("slurm", Facts(None, NOT_ROOT)).plain.startswith("a Slurm cluster needs root")
 
 
+def test_each_problem_is_named_by_its_kind_slurms_first():
+    assert verdict.problems("slurm-nodes", Facts(CONTAINER, NO_SLURM)) == [("slurm", NO_SLURM), ("nodes", CONTAINER)]
+    assert verdict.problems("slurm", Facts(CONTAINER, NOT_ROOT)) == [("slurm", NOT_ROOT)]
+    assert verdict.problems("nodes", Facts(None, NO_SLURM)) == []
+
+
+def test_a_problem_no_known_phrase_explains_still_says_what_cannot_start():
+    unknown = "an error nobody has seen yet"
+    assert verdict.plain("nodes", unknown) == "this machine cannot make the machines of this section"
+    assert verdict.plain("slurm", unknown) == "a Slurm cluster cannot start here"
+
+
 def test_a_chapter_gives_the_full_line_once_and_again_only_in_the_same_cell():
     why = verdict.verdict("nodes", Facts(CONTAINER, None))
     explained = {}
