@@ -65,6 +65,19 @@ def fake_owner(monkeypatch, path: Path, uid: int, mode: int | None = None, call:
     monkeypatch.setattr(private.os, call, stat_)
 
 
+def temp_like(tmp_path, monkeypatch):
+    """A sticky world-writable folder as tempfile's directory, no DISTLAB_RUNS or XDG_RUNTIME_DIR, and the
+    cache folder under ``tmp_path``: where the default runs root and its fallback are decided."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr("tempfile.tempdir", str(shared))
+    monkeypatch.delenv(private.ENV, raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return shared
+
+
 def test_a_private_dir_is_refused_with_its_path_and_the_whole_reason(tmp_path, monkeypatch):
     link = tmp_path / "link"
     link.symlink_to(tmp_path)
@@ -194,13 +207,7 @@ def test_a_taken_name_in_the_shared_temp_folder_is_someone_elses_only_when_it_is
 def test_a_root_you_cannot_use_is_not_replaced_by_the_cache_folder(tmp_path, monkeypatch):
     """Only another user's name in the temp folder sends runs to the cache folder; a loose
     folder of yours is an error to fix."""
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    monkeypatch.setattr("tempfile.tempdir", str(shared))
-    monkeypatch.delenv(private.ENV, raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shared = temp_like(tmp_path, monkeypatch)
     root = shared / f"distlab-{os.getuid()}"
     root.mkdir(mode=0o755)
     root.chmod(0o755)
@@ -310,13 +317,7 @@ def test_a_temp_root_someone_else_took_sends_runs_to_the_cache_folder_and_says_s
     """Played with a made-up owner of that one name, so that it holds as an ordinary user too."""
     import warnings
 
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    monkeypatch.setattr("tempfile.tempdir", str(shared))
-    monkeypatch.delenv(private.ENV, raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    shared = temp_like(tmp_path, monkeypatch)
     monkeypatch.setattr(private, "_WARNED", set())
     theirs = shared / f"distlab-{os.getuid()}"
     theirs.mkdir(mode=0o700)
