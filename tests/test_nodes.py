@@ -209,15 +209,25 @@ def _net_of(pid: int) -> str | None:
         return None
 
 
+def test_popen_returns_once_its_command_runs_on_the_node(nodes):
+    """nsenter joins the node's namespaces after it starts: had popen returned before, a kill_processes or
+    close right after it would not find the command on the node (on a busy machine it then ran on)."""
+    node1 = os.readlink(f"/proc/{nodes.pids[1]}/ns/net")
+    for _ in range(3):
+        proc = nodes.popen(1, ["sleep", "60"])
+        try:
+            assert _net_of(proc.pid) == node1, "popen returned before nsenter entered node 1"
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 def test_kill_processes_ends_whatever_runs_on_a_node_and_keeps_the_node(nodes):
     sleepers = [nodes.popen(1, ["sleep", "60"]) for _ in range(2)]
     elsewhere = nodes.popen(0, ["sleep", "60"])
     try:
         node1 = os.readlink(f"/proc/{nodes.pids[1]}/ns/net")
-        deadline = time.monotonic() + 10
-        while not all(_net_of(p.pid) == node1 for p in sleepers):  # nsenter has entered the node
-            assert time.monotonic() < deadline, "the commands never reached node 1"
-            time.sleep(0.01)
+        assert [_net_of(p.pid) for p in sleepers] == [node1, node1], "popen returned before nsenter entered node 1"
         killed = nodes.kill_processes(1)
         assert {p.pid for p in sleepers} <= set(killed) and elsewhere.pid not in killed
         assert [p.wait(timeout=10) for p in sleepers] == [-9, -9] and elsewhere.poll() is None

@@ -29,6 +29,22 @@ def test_child_output_collects_what_a_child_process_writes_to_the_descriptor():
     assert out == ["to stdout"] and err == ["to stderr"]
 
 
+@pytest.mark.parametrize("kernel_has", ["1", None])
+def test_children_in_the_block_print_each_line_in_one_write_and_the_kernel_keeps_its_setting(monkeypatch, kernel_has):
+    """PYTHONUNBUFFERED makes print write its text and its newline apart, and two ranks printing at once
+    interleaved them ("hello from rank 1 of 2hello from rank 0 of 2") on a busy CI machine: the children
+    of the block start without it, buffered, and the kernel's own setting comes back after it."""
+    if kernel_has is None:
+        monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONUNBUFFERED", kernel_has)
+    code = "import os, sys; print(os.environ.get('PYTHONUNBUFFERED'), type(sys.stdout.buffer).__name__)"
+    with intro.child_stdout() as out:
+        subprocess.run([sys.executable, "-c", code], check=True)
+    assert out == ["None BufferedWriter"]  # no setting, and a buffer between print and the file
+    assert os.environ.get("PYTHONUNBUFFERED") == kernel_has
+
+
 # --- chapter 1 ----------------------------------------------------------------------------------
 
 def test_spin_is_the_sum_of_squares_and_its_timeline_has_a_stamp_per_chunk():

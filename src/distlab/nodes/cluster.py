@@ -175,11 +175,16 @@ class Nodes:
         return done
 
     def popen(self, node, argv: list[str], **kwargs) -> subprocess.Popen:
-        """Start ``argv`` on node ``node`` and return at once (a server, a long run), with the node's
-        ``TMPDIR`` (:meth:`tmpdir`)."""
-        argv = self._typed(node, argv)
+        """Start ``argv`` on node ``node`` and return without waiting for it to end (a server, a long run),
+        with the node's ``TMPDIR`` (:meth:`tmpdir`). It returns once the program runs on the node, so that
+        :meth:`kill_processes` and :meth:`close`, which find a node's processes by its namespace, find it
+        even when called at once (:func:`~distlab.nodes.namespaces.wait_entered`)."""
+        k = plan.node_index(node, self.n)
+        argv = self._typed(k, argv)
         kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), *self._net_fds())
-        return subprocess.Popen(argv, **kwargs)
+        proc = subprocess.Popen(argv, **kwargs)
+        namespaces.wait_entered(proc, self._nodes[k].inode("net"))
+        return proc
 
     def kill_processes(self, node, mark: str | None = None) -> list[int]:
         """Kill every process running on node ``node`` now, as when that machine's processes die

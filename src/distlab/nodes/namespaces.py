@@ -249,3 +249,27 @@ def stop(procs: list[subprocess.Popen], timeout: float = 5.0) -> None:
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def wait_entered(proc: subprocess.Popen, net: tuple[int, int], within: float = 60.0) -> bool:
+    """Wait until ``proc`` runs in the network namespace ``net`` (device, inode), or has ended.
+
+    ``nsenter`` joins a node's namespaces only after it has started: until then it runs in this
+    process's network, where closing the nodes (or their holders, after the kernel's SIGKILL), which
+    find what runs on a node by its namespace, would miss it, and it would go on to run on a node
+    nobody ends. On a busy machine that window lasted seconds. ``proc`` is this process's own child,
+    not yet reaped, so its pid names it. Whether it entered."""
+    import time
+
+    deadline, delay = time.monotonic() + within, 0.001
+    while True:
+        try:
+            st = os.stat(f"/proc/{proc.pid}/ns/net")
+            if (st.st_dev, st.st_ino) == net:
+                return True
+        except OSError:  # (ended, or not ours to look at)
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
