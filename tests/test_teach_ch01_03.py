@@ -1,5 +1,6 @@
-"""Teaching helpers of chapters 1-3 (DP vs DDP, process-group setup, ToyModel): no processes launched,
-except the process pool of the GIL experiment."""
+"""Teaching helpers of the introduction and chapters 1-2 (DP vs DDP, process-group setup): no ranks launched.
+Processes started: plain Python children whose output the introduction's capture collects and the process pool
+of the GIL experiment; chapter 2's stores listen in this process. Chapter 3's checks are in test_teach_toy.py."""
 import os
 import socket
 import subprocess

@@ -252,6 +252,9 @@ def test_zero1_load_check():
         zero.check_zero1_load([0], 2)
     with pytest.raises(AssertionError, match="Not quite"):
         zero.check_zero1_load([0, 1, 2], 2)
+    assert zero.check_zero1_load([0], 1) is True  # alone, rank 0 is every rank
+    with pytest.raises(AssertionError, match="every rank's optimizer holds a share"):
+        zero.check_zero1_load([0], 3)
 
 
 def test_plot_has_one_stacked_bar_per_kind_and_run():
