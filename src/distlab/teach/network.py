@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from distlab.teach import answers
+
 MB = 2**20
 
 
@@ -203,24 +205,16 @@ def print_summary(summary: dict[str, dict]) -> None:
 # Exercise self-checks
 # ---------------------------------------------------------------------------------------------
 
-def _no_answer(answer, what: str) -> bool:
-    if answer is None:
-        print(f"No answer yet: replace None with {what}.")
-        return True
-    return False
 
-
-def _close(answer, expected: float, rel: float = 0.01) -> bool:
-    try:
-        return abs(float(answer) - expected) <= rel * abs(expected)
-    except (TypeError, ValueError):
-        return False
+def _close(answer, expected: float) -> bool:
+    """Whether ``answer`` is right: chapter 14's numbers follow from a law: within 1 %."""
+    return answers.close(answer, expected, rel=0.01, floor=0.0)
 
 
 def check_cluster_step(answer, params: float = 25e6, nodes: int = 8, gbit: float = 1.0) -> bool:
     """Exercise 1: seconds a ring all-reduce of ``params`` fp32 gradients needs on ``nodes``
     nodes with ``gbit`` Gbit/s links (the law's bound)."""
-    if _no_answer(answer, "a number of seconds"):
+    if answers.unanswered(answer, "a number of seconds"):
         return False
     expected = bound_s(params * 4, nodes, gbit * 1e9)
     once = params * 4 * 8 / (gbit * 1e9)
@@ -237,7 +231,7 @@ def check_cluster_step(answer, params: float = 25e6, nodes: int = 8, gbit: float
 def check_link_bytes(answer, nbytes: float = 100e6, nodes: int = 4, per_node: int = 8) -> bool:
     """Exercise 2: ``(flat, hierarchical)``, bytes each node sends over its link for an
     all-reduce of ``nbytes`` on ``nodes`` nodes of ``per_node`` ranks."""
-    if _no_answer(answer, "a pair (flat, hierarchical) of byte counts"):
+    if answers.unanswered(answer, "a pair (flat, hierarchical) of byte counts"):
         return False
     flat, hier = flat_link_bytes(nbytes, nodes, per_node), hierarchical_link_bytes(nbytes, nodes)
     try:

@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn as nn
 
+from distlab.teach import answers
+
 # --------------------------------------------------------------------------- comparing gradients
 
 
@@ -97,24 +99,15 @@ def warmup_lr(step: int, peak_lr: float, warmup_steps: int, start_lr: float | No
 # --------------------------------------------------------------------------- exercises
 
 
-def _no_answer(answer, what: str) -> bool:
-    if answer is None:
-        print(f"No answer yet: replace None with {what}.")
-        return True
-    return False
-
-
-def _close(answer, expected: float, rel: float = 1e-3) -> bool:
-    try:
-        return abs(float(answer) - expected) <= rel * abs(expected) + 1e-12
-    except (TypeError, ValueError):
-        return False
+def _close(answer, expected: float) -> bool:
+    """Whether ``answer`` is right: chapter 11's numbers are computed exactly: within 0.1 %."""
+    return answers.close(answer, expected, rel=1e-3, floor=1e-12)
 
 
 def check_hook_bytes(answer, model: nn.Module, hook: str, rank: int = 1) -> bool:
     """Exercise 1: bytes one step all-reduces for ``model`` under ``hook`` ("fp16", "bf16" or
     "powersgd", the latter with ``matrix_approximation_rank=rank`` once compression started)."""
-    if _no_answer(answer, "a number of bytes"):
+    if answers.unanswered(answer, "a number of bytes"):
         return False
     expected = {"fp16": param_bytes(model, 2), "bf16": param_bytes(model, 2),
                 "powersgd": powersgd_bytes(model, rank)}[hook]
@@ -130,7 +123,7 @@ def check_hook_bytes(answer, model: nn.Module, hook: str, rank: int = 1) -> bool
 def check_unused_grad(answer, local_grad: float, world_size: int, ranks_using: int) -> bool:
     """Exercise 2: the gradient DDP leaves on a parameter that only ``ranks_using`` of
     ``world_size`` ranks used, each computing ``local_grad`` for it."""
-    if _no_answer(answer, "a number"):
+    if answers.unanswered(answer, "a number"):
         return False
     expected = local_grad * ranks_using / world_size
     if _close(answer, local_grad):
@@ -144,7 +137,7 @@ def check_unused_grad(answer, local_grad: float, world_size: int, ranks_using: i
 def check_warmup_lr(answer, base_lr: float, base_batch: int, batch: int, warmup_steps: int, step: int) -> bool:
     """Exercise 3: the learning rate at ``step`` under the linear rule with linear warm-up from
     ``base_lr`` (the small-batch rate) to the scaled rate."""
-    if _no_answer(answer, "a learning rate"):
+    if answers.unanswered(answer, "a learning rate"):
         return False
     peak = linear_scaled_lr(base_lr, base_batch, batch)
     expected = warmup_lr(step, peak, warmup_steps, start_lr=base_lr)

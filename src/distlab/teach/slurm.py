@@ -5,18 +5,13 @@ import os
 import re
 import subprocess
 
-
-def _unanswered(answer, what: str) -> bool:
-    if answer is None:
-        print(f"No answer yet: replace None with {what}.")
-        return True
-    return False
+from distlab.teach import answers
 
 
 def check_rank_mapping(answer, procid: int = 5, tasks_per_node: int = 4) -> bool:
     """Exercise 1: (RANK, LOCAL_RANK, SLURM_NODEID) of task ``procid`` when srun starts one task per rank,
     ``tasks_per_node`` on each node (Slurm's default block distribution fills node 0 first)."""
-    if _unanswered(answer, "a tuple (RANK, LOCAL_RANK, node)"):
+    if answers.unanswered(answer, "a tuple (RANK, LOCAL_RANK, node)"):
         return False
     expected = (procid, procid % tasks_per_node, procid // tasks_per_node)
     assert tuple(answer) == expected, (
@@ -29,7 +24,7 @@ def check_rank_mapping(answer, procid: int = 5, tasks_per_node: int = 4) -> bool
 def check_resume_step(answer, saved_step: int = 37) -> bool:
     """Exercise 2: the first step a resumed attempt reports, after a checkpoint taken with ``saved_step``
     steps done (the script reports each step after finishing it, counting from 1)."""
-    if _unanswered(answer, "a step number"):
+    if answers.unanswered(answer, "a step number"):
         return False
     assert answer == saved_step + 1, (
         f"{answer} is not it. The checkpoint holds the weights after {saved_step} finished steps and "
@@ -84,7 +79,7 @@ def check_master_addr(line, nodelist: str = "gpu[07-09],cpu3") -> bool:
     run with bash, with that variable set to ``nodelist`` (``scontrol show hostnames`` needs a slurm.conf,
     not a running controller). Where Slurm is not installed, a bash function answers ``scontrol show
     hostnames`` with the list's expansion, and the check says so."""
-    if _unanswered(line, "a bash line (a string)"):
+    if answers.unanswered(line, "a bash line (a string)"):
         return False
     import sys
 

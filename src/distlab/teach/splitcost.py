@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from distlab.teach import answers
+
 #: ring cost per rank, as a multiple of the message size n (nccl-tests' "bus bandwidth" factors)
 RING_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
                "reduce_scatter": lambda w: (w - 1) / w, "broadcast": lambda w: 1.0,
@@ -109,23 +111,14 @@ def costs_table(costs: dict[str, Cost], measured: dict[str, tuple[float, float]]
 # --------------------------------------------------------------------------- exercises
 
 
-def _no_answer(answer, what: str) -> bool:
-    if answer is None:
-        print(f"No answer yet: replace None with {what}.")
-        return True
-    return False
-
-
-def _close(answer, expected: float, rel: float = 1e-3) -> bool:
-    try:
-        return abs(float(answer) - expected) <= rel * abs(expected) + 1e-12
-    except (TypeError, ValueError):
-        return False
+def _close(answer, expected: float) -> bool:
+    """Whether ``answer`` is right: chapter 12's byte counts are exact: within 0.1 %."""
+    return answers.close(answer, expected, rel=1e-3, floor=1e-12)
 
 
 def check_fsdp_bytes(answer, psi: int, world: int) -> bool:
     """Exercise 1: model-state bytes per rank under FSDP2 with fp32 Adam."""
-    if _no_answer(answer, "a number of bytes"):
+    if answers.unanswered(answer, "a number of bytes"):
         return False
     expected = BYTES_PER_PARAM * psi / world
     if _close(answer, BYTES_PER_PARAM * psi):
@@ -138,7 +131,7 @@ def check_fsdp_bytes(answer, psi: int, world: int) -> bool:
 
 def check_tp_message(answer, tokens: int, d: int, bytes_per_element: int) -> bool:
     """Exercise 2: the size of one row-wise layer's all-reduce in a tensor-parallel block."""
-    if _no_answer(answer, "a number of bytes"):
+    if answers.unanswered(answer, "a number of bytes"):
         return False
     expected = tokens * d * bytes_per_element
     assert _close(answer, expected), (
@@ -154,7 +147,7 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 
 def check_bubble(answer, stages: int, microbatches: int) -> bool:
     """Exercise 3: GPipe's bubble fraction."""
-    if _no_answer(answer, "a fraction between 0 and 1"):
+    if answers.unanswered(answer, "a fraction between 0 and 1"):
         return False
     expected = bubble_fraction(stages, microbatches)
     assert _close(answer, expected), (

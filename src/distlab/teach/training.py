@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from distlab.errors import NodeRunInterrupted
+from distlab.teach import answers
 
 CHAPTER = "07_two_gpu_training.ipynb"
 SCRIPT_NAME = "ddp_train.py"
@@ -590,16 +591,10 @@ def slurm_script(nodes: int = 2, gpus_per_node: int = 2, script: str = "ddp_trai
 # Exercise self-checks
 # ---------------------------------------------------------------------------------------------
 
-def _unanswered(answer, what: str) -> bool:
-    if answer is None:
-        print(f"No answer yet: replace None with {what}.")
-        return True
-    return False
-
 
 def check_global_batch(answer, per_rank_batch: int = 32, world_size: int = 2) -> bool:
     """Exercise 1: the batch size of the single-process run that DDP training is equal to."""
-    if _unanswered(answer, "a number of samples"):
+    if answers.unanswered(answer, "a number of samples"):
         return False
     expected = per_rank_batch * world_size
     assert answer == expected, (
@@ -611,7 +606,7 @@ def check_global_batch(answer, per_rank_batch: int = 32, world_size: int = 2) ->
 
 def check_steps_per_epoch(answer, size: int = 10000, batch_size: int = 32, world_size: int = 2) -> bool:
     """Exercise 2: optimizer steps per epoch on each rank."""
-    if _unanswered(answer, "a number of steps"):
+    if answers.unanswered(answer, "a number of steps"):
         return False
     expected = steps_per_epoch(size, batch_size, world_size)
     assert answer == expected, (
@@ -625,7 +620,7 @@ def check_node_command(command, nnodes: int = 2, nproc_per_node: int = 4,
                        endpoint: str = "gpu-node-0:29400") -> bool:
     """Exercise 3: the torchrun line for a machine of a multi-node job (flag order does not matter).
     ``--node-rank`` is refused: the c10d rendezvous ignores it, so it would only mislead a reader."""
-    if _unanswered(answer=command, what="a torchrun command line (a string)"):
+    if answers.unanswered(answer=command, what="a torchrun command line (a string)"):
         return False
     given = _flags(shlex.split(command))
     want = _flags(torchrun_command(nnodes, nproc_per_node, endpoint))

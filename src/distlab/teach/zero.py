@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from distlab.teach import answers
+
 STAGES = (0, 1, 2, 3)
 #: bytes per parameter of (parameters, gradients, optimizer state)
 PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
@@ -337,23 +339,14 @@ def max_loss_gap(a: dict, b: dict) -> float:
 
 # --- exercises -----------------------------------------------------------------------------
 
-def _close(answer, expected, rel: float = 0.01) -> bool:
-    try:
-        return abs(float(answer) - expected) <= rel * abs(expected) + 1e-9
-    except (TypeError, ValueError):
-        return False
-
-
-def _no_answer(answer, what: str) -> bool:
-    if answer is None:
-        print(f"No answer yet: replace None with {what}.")
-        return True
-    return False
+def _close(answer, expected: float) -> bool:
+    """Whether ``answer`` is right: chapter 8's sizes are read off in MB or GB: within 1 %."""
+    return answers.close(answer, expected, rel=0.01, floor=1e-9)
 
 
 def check_optimizer_bytes(answer, psi: int, stage: int, world_size: int, precision: str = "fp32") -> bool:
     """Exercise 1: per-rank optimizer-state bytes for ``psi`` parameters at a stage and world size."""
-    if _no_answer(answer, "a number of bytes"):
+    if answers.unanswered(answer, "a number of bytes"):
         return False
     expected = zero_bytes(psi, world_size, stage, precision).optimizer
     per = PRECISIONS[precision][2]
@@ -368,7 +361,7 @@ def check_optimizer_bytes(answer, psi: int, stage: int, world_size: int, precisi
 
 def check_smallest_stage(answer, psi: int, world_size: int, budget_bytes: float, precision: str = "fp32") -> bool:
     """Exercise 2: the smallest ZeRO stage whose per-rank model states fit in ``budget_bytes``."""
-    if _no_answer(answer, "a stage number (0-3), or -1 if none fits"):
+    if answers.unanswered(answer, "a stage number (0-3), or -1 if none fits"):
         return False
     fits = [s for s in STAGES if zero_bytes(psi, world_size, s, precision).total <= budget_bytes]
     expected = fits[0] if fits else -1
@@ -380,7 +373,7 @@ def check_smallest_stage(answer, psi: int, world_size: int, budget_bytes: float,
 
 def check_paper_example(answer_gb) -> bool:
     """Exercise 3: the paper's 7.5B-parameter model on 64 GPUs with mixed-precision Adam, ZeRO-2."""
-    if _no_answer(answer_gb, "gigabytes (1e9 bytes) per GPU"):
+    if answers.unanswered(answer_gb, "gigabytes (1e9 bytes) per GPU"):
         return False
     expected = zero_bytes(7_500_000_000, 64, 2, "mixed").total / 1e9
     assert _close(answer_gb, expected), (
@@ -407,7 +400,7 @@ def adam_update_ratio(scale: float, steps: int = 3, seed: int = 0) -> float:
 
 def check_adam_scale(answer) -> bool:
     """Exercise 4: the factor by which Adam's update changes when all gradients are scaled by N."""
-    if _no_answer(answer, "a number: the factor"):
+    if answers.unanswered(answer, "a number: the factor"):
         return False
     expected = adam_update_ratio(2.0)
     assert _close(answer, expected), (
@@ -420,7 +413,7 @@ def check_adam_scale(answer) -> bool:
 
 def check_zero1_load(answer, world_size: int) -> bool:
     """Exercise 5: which ranks call ``ZeroRedundancyOptimizer.load_state_dict`` with rank 0's consolidated file."""
-    if _no_answer(answer, "a list of ranks"):
+    if answers.unanswered(answer, "a list of ranks"):
         return False
     ranks = sorted(int(r) for r in answer)
     alone = world_size == 1  # rank 0 is then every rank
