@@ -566,6 +566,76 @@ def test_a_warning_at_any_moment_of_a_slurm_rank_is_handled_or_held_never_fatal(
     assert "warnings handled: True" in log
 
 
+COUNTED = """import signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+print("handler ready", flush=True)
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+print("warnings handled:", len(got), flush=True)
+"""
+
+
+def _blocks(pid: int, sig: int) -> bool:
+    """Whether ``pid``'s main thread has ``sig`` blocked (``SigBlk`` in /proc/PID/status)."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigBlk:"))
+    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.parametrize("when", ["before the ranks exist", "to every process, once the ranks run"])
+def test_a_warning_reaches_each_torchrun_rank_exactly_once_whenever_it_comes(tmp_path, when):
+    """Slurm's controller sends the warning at its first time-limit check within 30 s of the warning time: with
+    ``--time=1 --signal=USR1@50``, at any moment of an attempt, also while torchrun's agents still import torch
+    and meet, before any rank exists. In CI such a warning stayed pending in the agent (which holds it blocked)
+    and the job ran to its end in one attempt. Here the chain a job on several nodes runs (distlab.slurm.bound's
+    torchrun, distlab.slurm.rank, the rank) gets SIGUSR1 either at the agent alone, as soon as the agent
+    holds it and long before it starts its ranks, or at every process once both ranks run, as Slurm sends it
+    then. Either way each rank's handler runs exactly once."""
+    from distlab.folders.runfolder import RunFolder
+    from distlab.rendezvous.loopback import bind_loopback
+
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    folder = RunFolder.create("slurm-warned", root)
+    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
+                                                      "single_node": False, "sys_path": [], "plain_python": False}))
+    target = tmp_path / "target.py"
+    target.write_text(COUNTED)
+    free = bind_loopback()
+    port = free.getsockname()[1]
+    free.close()
+    env = {**os.environ, "PYTHONPATH": str(Path(slurm.__file__).parents[2]), "GLOO_SOCKET_IFNAME": "lo",
+           "DISTLAB_RUN_DIR": str(folder.path)}
+    agent = subprocess.Popen([sys.executable, "-m", "distlab.slurm.bound", "torchrun", "--nnodes", "1",
+                              "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                              f"127.0.0.1:{port}", "-m", "distlab.slurm.rank", str(target), "6"],
+                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    logs = [folder.path / "logs" / "attempt0" / f"rank{r}.out" for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 60
+        if when.startswith("before"):
+            while not _blocks(agent.pid, signal.SIGUSR1) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.kill(agent.pid, signal.SIGUSR1)
+            assert not psutil.Process(agent.pid).children(), "the ranks exist already: the test is moot"
+        else:
+            while not all(p.exists() and "handler ready" in p.read_text() for p in logs) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            everyone = psutil.Process(agent.pid)  # Slurm signals every process of the step, not a group
+            for p in [everyone, *everyone.children(recursive=True)]:
+                p.send_signal(signal.SIGUSR1)
+        out = agent.communicate(timeout=120)[0]
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+    texts = [p.read_text() if p.exists() else "" for p in logs]
+    assert agent.returncode == 0, (out, texts)
+    assert all("warnings handled: 1" in t for t in texts), texts
+
+
 def _listening(pid: int) -> set[str]:
     return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 

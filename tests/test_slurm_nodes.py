@@ -234,10 +234,13 @@ def test_a_killed_kernel_leaves_neither_daemon_nor_node(cluster, tmp_path):
 @pytest.mark.parametrize("how", ["torchrun, --signal=USR1@50", "tasks, --signal=B:USR1@50"])
 def test_the_time_limit_warning_checkpoints_requeues_and_resumes_on_two_nodes(cluster, how):
     """The warning before the time limit, for real. torchrun mode: ``--signal=USR1@50`` with ``--time=1``,
-    which Slurm's controller sends to every process of the step 10 s or more into an attempt (it looks about
-    every 30 s): before the fix torchrun's agent died of SIGUSR1 and the job FAILED (and distlab's one-node
-    agent passed it on a second time). tasks mode: ``B:USR1``, sent to the batch script only, which had no
-    trap and died; here the test sends it (``scancel --batch --signal=USR1``, what Slurm does at that time)
+    which Slurm's controller sends to every process of the step at its first time-limit check of the attempt
+    (one every 30 s; it sends when the warning is less than 30 s away, which here is at once): at any moment
+    from 0 to about 30 s, also before torchrun has started the ranks. Before the fixes torchrun's agent died of
+    SIGUSR1 and the job FAILED (and distlab's one-node agent passed it on a second time); later a warning that
+    came before the ranks existed stayed pending in the agent and the job COMPLETED in one attempt (now the
+    agent passes it on: distlab.slurm.early_warning). tasks mode: ``B:USR1``, sent to the batch script only, which
+    had no trap and died; here the test sends it (``scancel --batch --signal=USR1``, what Slurm does at that time)
     so as not to wait for the controller twice. Either way the ranks checkpoint, rank 0 requeues the job,
     and each new attempt resumes where its rank stopped."""
     mode, signal = how.split(", --signal=")

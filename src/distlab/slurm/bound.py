@@ -121,7 +121,30 @@ def keep_warning_signals() -> None:
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda s, f: None)  # not SIG_IGN, which the ranks would inherit
     # (blocked since main() began, and left so: the ranks inherit the mask and start with the warning held
-    # until their own handler exists, see distlab.worker.release_on_handler; the agent only has to live)
+    # until their own handler exists, see distlab.worker.release_on_handler; the agent only has to live,
+    # and pass on a warning that came before its ranks existed: pass_early_warnings_on)
+
+
+def pass_early_warnings_on(agent_class=None) -> None:
+    """torchrun's agent starts its ranks in ``_start_workers`` (and again at each restart): right after, the
+    warnings that came since, pending in the agent, go to the new ranks that do not hold them
+    (:mod:`distlab.slurm.early_warning`). Idempotent."""
+    if agent_class is None:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent as agent_class
+    original = agent_class._start_workers
+    if getattr(original, "passes_early_warnings_on", False):  # (not __wrapped__: torch's @prof sets that)
+        return
+
+    def start_workers(self, worker_group):
+        from distlab.slurm import early_warning
+
+        pids = original(self, worker_group)
+        early_warning.pass_on(list((pids or {}).values()))
+        return pids
+
+    start_workers.__wrapped__ = original
+    start_workers.passes_early_warnings_on = True
+    agent_class._start_workers = start_workers
 
 
 def main(argv: list[str]) -> None:
@@ -136,6 +159,7 @@ def main(argv: list[str]) -> None:
 
         patch_torchrun()
         keep_warning_signals()
+        pass_early_warnings_on()
         sys.argv = ["torchrun", *rest]
         torchrun(rest)
     elif what == "start":

@@ -21,7 +21,8 @@ share). For each rank it
    on several nodes through :mod:`distlab.slurm.bound`, rank 0's store bound to MASTER_ADDR's address)
    with stdout and stderr going to ``logs/attempt<SLURM_RESTART_COUNT>/rank<RANK>.out`` (0600):
    a requeued job writes a new attempt;
-5. waits for it, passing on SIGTERM/SIGINT/SIGHUP (SIGUSR1/SIGUSR2 reach the ranks from Slurm), and writes its
+5. waits for it, passing on SIGTERM/SIGINT/SIGHUP (SIGUSR1/SIGUSR2 reach the ranks from Slurm; one that came
+   before the ranks existed is passed on once, :mod:`distlab.slurm.early_warning`), and writes its
    exit code to ``rank<RANK>.exit``. The agent stops the node's other ranks once one fails.
 
 Only the standard library and :mod:`distlab.folders.runfolder` are imported: this process stays small.
@@ -40,6 +41,7 @@ from distlab.folders.private import PRIVATE_DIR, open_private, write_private
 from distlab.folders.runfolder import RunFolder
 from distlab.forkserver import mode as launchmode
 
+from . import early_warning
 from .layout import exit_file, rank_run_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -150,6 +152,8 @@ def main(argv: list[str]) -> int:
     # They stay blocked here for this process's whole life: it has no use for them, and a handler would not
     # do (Python resets it at exit, when a late warning would then kill this process and fail the step).
     children = {int(env["RANK"]): start_rank(folder, attempt_dir, attempt, run, env, argv) for env in ranks}
+    # a warning that came before they existed is pending here, not in them: theirs now (distlab.slurm.early_warning)
+    early_warning.pass_on([c.pid for c in children.values()], IGNORED_HERE)
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _f: [c.send_signal(s) for c in children.values() if c.poll() is None])
     codes = wait_all(children, lambda rank, code: write_private(exit_file(attempt_dir, rank), str(code)))
