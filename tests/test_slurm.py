@@ -496,16 +496,18 @@ def test_daemons_get_no_token_of_the_notebook_and_no_open_tmpdir(other_user, mon
         shutil.rmtree(open_tmp, ignore_errors=True)
 
 
-def one_task(tmp_path, code: str):
-    """(run folder, target, env) for ``python -m distlab.slurm.rank target`` as one task of a one-node job, without
-    a cluster: what sbatch's script and srun would have set up."""
+def one_task(tmp_path, code: str, single_node: bool = True):
+    """(run folder, target, env) for ``python -m distlab.slurm.rank target`` as one task of a one-node job (or,
+    ``single_node=False``, of a job on several nodes), without a cluster: what sbatch's script and srun would
+    have set up."""
     from distlab.folders.runfolder import RunFolder
 
     root = tmp_path / "runs"
     root.mkdir(mode=0o700)
     folder = RunFolder.create("slurm-task", root)
     (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
-                                                      "single_node": True, "sys_path": [], "plain_python": False}))
+                                                      "single_node": single_node, "sys_path": [],
+                                                      "plain_python": False}))
     target = tmp_path / "target.py"
     target.write_text(code)
     env = {**os.environ, "DISTLAB_RUN_DIR": str(folder.path), "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
@@ -592,21 +594,13 @@ def test_a_warning_reaches_each_torchrun_rank_exactly_once_whenever_it_comes(tmp
     torchrun, distlab.slurm.rank, the rank) gets SIGUSR1 either at the agent alone, as soon as the agent
     holds it and long before it starts its ranks, or at every process once both ranks run, as Slurm sends it
     then. Either way each rank's handler runs exactly once."""
-    from distlab.folders.runfolder import RunFolder
     from distlab.rendezvous.loopback import bind_loopback
 
-    root = tmp_path / "runs"
-    root.mkdir(mode=0o700)
-    folder = RunFolder.create("slurm-warned", root)
-    (folder.path / "run.json").write_text(json.dumps({"run_dir": str(folder.path), "parent_pid": 0,
-                                                      "single_node": False, "sys_path": [], "plain_python": False}))
-    target = tmp_path / "target.py"
-    target.write_text(COUNTED)
+    folder, target, env = one_task(tmp_path, COUNTED, single_node=False)  # torchrun sets RANK: SLURM_* unread
+    env["GLOO_SOCKET_IFNAME"] = "lo"
     free = bind_loopback()
     port = free.getsockname()[1]
     free.close()
-    env = {**os.environ, "PYTHONPATH": str(Path(slurm.__file__).parents[2]), "GLOO_SOCKET_IFNAME": "lo",
-           "DISTLAB_RUN_DIR": str(folder.path)}
     agent = subprocess.Popen([sys.executable, "-m", "distlab.slurm.bound", "torchrun", "--nnodes", "1",
                               "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                               f"127.0.0.1:{port}", "-m", "distlab.slurm.rank", str(target), "6"],
